@@ -1,0 +1,350 @@
+"""The call log: the record of every model call a harness made, and of each rollout's outcome.
+
+This is the public boundary between serving (which writes it) and the learner (which reads it).
+Format: JSON Lines. Each line is one object; its `schema` field says which record it is:
+
+`clawjax.call/1` (one model call), required fields:
+  rollout_id (str), task_id (str), harness (str), call_index (int >= 0, arrival order in the rollout),
+  status ("ok" | "error"), input_ids (list[int]), output_ids (list[int]),
+  output_logprobs (list[float], finite, same length as output_ids: the engine's log-prob of each sampled
+  token under the distribution it sampled from), role ("main" | "compaction" | "subagent" |
+  "auxiliary" | null = unknown), finish_reason (str | null), model (str), t_start, t_end (float, Unix s).
+  Optional: policy_version (int | null: the weights version that sampled the call), extra (object:
+  free-form diagnostics such as the API used, spliced or drifted turns, an error message).
+
+`clawjax.rollout/1` (one rollout's outcome), required fields:
+  rollout_id, task_id, harness (str), reward (float | null; null when status is not "ok"),
+  status ("ok" | "failed" | "timeout" | "error"). Optional: extra (object).
+
+Calls and rollout records may share one file or live in separate files; a file may hold one rollout or
+many. Loading validates every field: a bad line raises `CallLogError` naming file, line and field, or,
+with `errors="collect"`, is reported in `LoadedLog.problems` and left out. Non-finite log-probs and
+rewards are never accepted silently. Writers append one line per record and fsync it before returning,
+so a crash loses at most the record being written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
+
+CALL_SCHEMA = "clawjax.call/1"
+ROLLOUT_SCHEMA = "clawjax.rollout/1"
+ROLES = ("main", "compaction", "subagent", "auxiliary")
+CALL_STATUSES = ("ok", "error")
+ROLLOUT_STATUSES = ("ok", "failed", "timeout", "error")
+
+
+class CallLogError(ValueError):
+  """A record that does not follow the schema; the message names file, line and field."""
+
+  def __init__(self, where: str, field: str | None, message: str):
+    self.where = where
+    self.field = field
+    super().__init__(f"{where}: field {field!r}: {message}" if field else f"{where}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+  rollout_id: str
+  task_id: str
+  harness: str
+  call_index: int
+  status: str
+  input_ids: tuple[int, ...]
+  output_ids: tuple[int, ...]
+  output_logprobs: tuple[float, ...]
+  role: str | None
+  finish_reason: str | None
+  model: str
+  t_start: float
+  t_end: float
+  policy_version: int | None = None
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> dict[str, Any]:
+    d = {"schema": CALL_SCHEMA, **dataclasses.asdict(self)}
+    d["input_ids"], d["output_ids"] = list(self.input_ids), list(self.output_ids)
+    d["output_logprobs"] = list(self.output_logprobs)
+    return d
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRecord:
+  rollout_id: str
+  task_id: str
+  harness: str
+  reward: float | None
+  status: str
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def to_json(self) -> dict[str, Any]:
+    return {"schema": ROLLOUT_SCHEMA, **dataclasses.asdict(self)}
+
+
+Record = CallRecord | RolloutRecord
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class _Fields:
+  """Typed access to one JSON object's fields, raising CallLogError that names the field."""
+
+  def __init__(self, obj: dict[str, Any], where: str):
+    self.obj, self.where = obj, where
+
+  def fail(self, field: str, message: str) -> CallLogError:
+    return CallLogError(self.where, field, message)
+
+  def get(self, field: str, *, optional: bool = False) -> Any:
+    if field not in self.obj:
+      if optional:
+        return None
+      raise self.fail(field, "missing")
+    return self.obj[field]
+
+  def string(self, field: str, *, nullable: bool = False, choices: tuple[str, ...] | None = None,
+             optional: bool = False) -> str | None:
+    v = self.get(field, optional=optional)
+    if v is None and (nullable or optional):
+      return None
+    if not isinstance(v, str):
+      raise self.fail(field, f"expected a string, got {type(v).__name__}")
+    if choices is not None and v not in choices:
+      raise self.fail(field, f"{v!r} is not one of {choices}")
+    return v
+
+  def integer(self, field: str, *, optional: bool = False, minimum: int | None = None) -> int | None:
+    v = self.get(field, optional=optional)
+    if v is None and optional:
+      return None
+    if not _is_int(v):
+      raise self.fail(field, f"expected an integer, got {type(v).__name__}")
+    if minimum is not None and v < minimum:
+      raise self.fail(field, f"{v} is below {minimum}")
+    return v
+
+  def number(self, field: str, *, nullable: bool = False) -> float | None:
+    v = self.get(field)
+    if v is None and nullable:
+      return None
+    if not _is_number(v):
+      raise self.fail(field, f"expected a number, got {type(v).__name__}")
+    if not math.isfinite(v):
+      raise self.fail(field, f"non-finite value {v}")
+    return float(v)
+
+  def token_ids(self, field: str) -> tuple[int, ...]:
+    v = self.get(field)
+    if not isinstance(v, list):
+      raise self.fail(field, f"expected a list of token ids, got {type(v).__name__}")
+    for i, t in enumerate(v):
+      if not _is_int(t) or t < 0:
+        raise self.fail(field, f"element {i} is {t!r}, not a non-negative integer")
+    return tuple(v)
+
+  def logprobs(self, field: str) -> tuple[float, ...]:
+    v = self.get(field)
+    if not isinstance(v, list):
+      raise self.fail(field, f"expected a list of floats, got {type(v).__name__}")
+    for i, x in enumerate(v):
+      if not _is_number(x):
+        raise self.fail(field, f"element {i} is {x!r}, not a number")
+      if not math.isfinite(x) or x > 1e-6:
+        raise self.fail(field, f"element {i} is {x}, not a finite log-probability")
+    return tuple(float(x) for x in v)
+
+  def mapping(self, field: str) -> dict[str, Any]:
+    v = self.get(field, optional=True)
+    if v is None:
+      return {}
+    if not isinstance(v, dict):
+      raise self.fail(field, f"expected an object, got {type(v).__name__}")
+    return v
+
+
+def parse_record(obj: Any, where: str) -> Record:
+  """Validates one decoded JSON object; `where` (e.g. "calls.jsonl:12") prefixes every error."""
+  if not isinstance(obj, dict):
+    raise CallLogError(where, None, f"expected a JSON object, got {type(obj).__name__}")
+  f = _Fields(obj, where)
+  schema = f.string("schema")
+  if schema == CALL_SCHEMA:
+    status = f.string("status", choices=CALL_STATUSES)
+    output_ids = f.token_ids("output_ids")
+    output_logprobs = f.logprobs("output_logprobs")
+    if len(output_logprobs) != len(output_ids):
+      raise f.fail("output_logprobs",
+                   f"length {len(output_logprobs)} differs from output_ids length {len(output_ids)}")
+    t_start, t_end = f.number("t_start"), f.number("t_end")
+    return CallRecord(
+        rollout_id=f.string("rollout_id"), task_id=f.string("task_id"), harness=f.string("harness"),
+        call_index=f.integer("call_index", minimum=0), status=status,
+        input_ids=f.token_ids("input_ids"), output_ids=output_ids, output_logprobs=output_logprobs,
+        role=f.string("role", nullable=True, choices=ROLES),
+        finish_reason=f.string("finish_reason", nullable=True), model=f.string("model"),
+        t_start=t_start, t_end=t_end,
+        policy_version=f.integer("policy_version", optional=True), extra=f.mapping("extra"))
+  if schema == ROLLOUT_SCHEMA:
+    status = f.string("status", choices=ROLLOUT_STATUSES)
+    reward = f.number("reward", nullable=True)
+    if status == "ok" and reward is None:
+      raise f.fail("reward", "null, but status is 'ok'")
+    return RolloutRecord(
+        rollout_id=f.string("rollout_id"), task_id=f.string("task_id"), harness=f.string("harness"),
+        reward=reward, status=status, extra=f.mapping("extra"))
+  raise f.fail("schema", f"unknown schema {schema!r} (expected {CALL_SCHEMA!r} or {ROLLOUT_SCHEMA!r})")
+
+
+def _reject_constant(name: str) -> Any:
+  raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _lines(path: str) -> Iterator[tuple[str, str]]:
+  with open(path, encoding="utf-8") as fh:
+    for lineno, line in enumerate(fh, start=1):
+      if line.strip():
+        yield f"{path}:{lineno}", line
+
+
+def parse_line(line: str, where: str) -> Record:
+  try:
+    obj = json.loads(line, parse_constant=_reject_constant)
+  except ValueError as e:
+    raise CallLogError(where, None, f"invalid JSON ({e})") from None
+  return parse_record(obj, where)
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
+  """Yields the records of one file in order; raises CallLogError at the first bad line."""
+  for where, line in _lines(os.fspath(path)):
+    yield parse_line(line, where)
+
+
+@dataclasses.dataclass
+class LoadedLog:
+  """Validated records grouped by rollout. `calls[rollout_id]` is sorted by call_index."""
+  calls: dict[str, list[CallRecord]]
+  rollouts: dict[str, RolloutRecord]
+  problems: list[str]
+
+  def rollout_ids(self) -> list[str]:
+    return sorted(set(self.calls) | set(self.rollouts))
+
+
+def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+         errors: Literal["raise", "collect"] = "raise") -> LoadedLog:
+  """Loads call and rollout records from one or more JSONL files (directories: every *.jsonl inside).
+
+  With errors="collect", a bad line is recorded in `problems` (file, line, field) and skipped, as is a
+  rollout whose records contradict each other; the rest of the log is still returned.
+  """
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [paths]
+  files: list[str] = []
+  for p in map(os.fspath, paths):
+    if os.path.isdir(p):
+      files.extend(os.path.join(p, n) for n in sorted(os.listdir(p)) if n.endswith(".jsonl"))
+    else:
+      files.append(p)
+  calls: dict[str, list[CallRecord]] = {}
+  rollouts: dict[str, RolloutRecord] = {}
+  problems: list[str] = []
+  bad_rollouts: set[str] = set()
+
+  def problem(err: CallLogError, rollout_id: str | None = None) -> None:
+    if errors == "raise":
+      raise err
+    problems.append(str(err))
+    if rollout_id is not None:
+      bad_rollouts.add(rollout_id)
+
+  for path in files:
+    for where, line in _lines(path):
+      try:
+        rec = parse_line(line, where)
+      except CallLogError as e:
+        # A rollout with a broken record is incomplete: leave all of it out, not just the line.
+        problem(e, _rollout_id_of(line))
+        continue
+      _add(rec, calls, rollouts, problem)
+  for rid in bad_rollouts:
+    calls.pop(rid, None)
+    rollouts.pop(rid, None)
+  for recs in calls.values():
+    recs.sort(key=lambda r: r.call_index)
+  return LoadedLog(calls=calls, rollouts=rollouts, problems=problems)
+
+
+def _rollout_id_of(line: str) -> str | None:
+  try:
+    obj = json.loads(line)
+  except ValueError:
+    return None
+  rid = obj.get("rollout_id") if isinstance(obj, dict) else None
+  return rid if isinstance(rid, str) else None
+
+
+def _add(rec: Record, calls: dict[str, list[CallRecord]], rollouts: dict[str, RolloutRecord],
+         problem) -> None:
+  rid = rec.rollout_id
+  if isinstance(rec, RolloutRecord):
+    if rid in rollouts:
+      problem(CallLogError(f"rollout {rid!r}", "rollout_id", "more than one rollout record"), rid)
+      return
+    rollouts[rid] = rec
+  else:
+    same = calls.setdefault(rid, [])
+    if any(c.call_index == rec.call_index for c in same):
+      problem(CallLogError(f"rollout {rid!r}", "call_index", f"{rec.call_index} appears twice"), rid)
+      return
+    same.append(rec)
+  for other in (rollouts.get(rid), calls.get(rid, [None])[0]):
+    if other is not None and (other.task_id, other.harness) != (rec.task_id, rec.harness):
+      problem(CallLogError(
+          f"rollout {rid!r}", "task_id/harness",
+          f"records disagree: {(other.task_id, other.harness)} vs {(rec.task_id, rec.harness)}"), rid)
+      return
+
+
+class CallLogWriter:
+  """Appends records to one JSONL file, each flushed and fsynced before `write` returns.
+
+  Thread-safe. Records are validated first, so a writer never produces a line the loader rejects.
+  """
+
+  def __init__(self, path: str | os.PathLike[str]):
+    self.path = os.fspath(path)
+    os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+    self._fh = open(self.path, "a", encoding="utf-8")
+    self._lock = threading.Lock()
+
+  def write(self, record: Record) -> None:
+    obj = record.to_json()
+    parse_record(obj, f"{self.path}:<new {obj['schema']} record>")
+    line = json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n"
+    with self._lock:
+      self._fh.write(line)
+      self._fh.flush()
+      os.fsync(self._fh.fileno())
+
+  def close(self) -> None:
+    with self._lock:
+      self._fh.close()
+
+  def __enter__(self) -> "CallLogWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

