@@ -37,6 +37,7 @@ CALL_SCHEMA = "clawjax.call/1"
 ROLLOUT_SCHEMA = "clawjax.rollout/1"
 ROLES = ("main", "compaction", "subagent", "auxiliary")
 CALL_STATUSES = ("ok", "error")
+MAX_TOKEN_ID = 2**31 - 1  # token ids are stored as int32 downstream
 ROLLOUT_STATUSES = ("ok", "failed", "timeout", "error")
 
 
@@ -150,8 +151,8 @@ class _Fields:
     if not isinstance(v, list):
       raise self.fail(field, f"expected a list of token ids, got {type(v).__name__}")
     for i, t in enumerate(v):
-      if not _is_int(t) or t < 0:
-        raise self.fail(field, f"element {i} is {t!r}, not a non-negative integer")
+      if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
+        raise self.fail(field, f"element {i} is {t!r}, not an integer in [0, {MAX_TOKEN_ID}]")
     return tuple(v)
 
   def logprobs(self, field: str) -> tuple[float, ...]:
@@ -207,10 +208,6 @@ def parse_record(obj: Any, where: str) -> Record:
   raise f.fail("schema", f"unknown schema {schema!r} (expected {CALL_SCHEMA!r} or {ROLLOUT_SCHEMA!r})")
 
 
-def _reject_constant(name: str) -> Any:
-  raise ValueError(f"non-standard JSON constant {name}")
-
-
 def _lines(path: str) -> Iterator[tuple[str, str]]:
   with open(path, encoding="utf-8") as fh:
     for lineno, line in enumerate(fh, start=1):
@@ -219,8 +216,9 @@ def _lines(path: str) -> Iterator[tuple[str, str]]:
 
 
 def parse_line(line: str, where: str) -> Record:
+  # NaN / Infinity (non-standard JSON) parse to floats so the field check can name the field.
   try:
-    obj = json.loads(line, parse_constant=_reject_constant)
+    obj = json.loads(line)
   except ValueError as e:
     raise CallLogError(where, None, f"invalid JSON ({e})") from None
   return parse_record(obj, where)
@@ -278,7 +276,7 @@ def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
         # A rollout with a broken record is incomplete: leave all of it out, not just the line.
         problem(e, _rollout_id_of(line))
         continue
-      _add(rec, calls, rollouts, problem)
+      _add(rec, where, calls, rollouts, problem)
   for rid in bad_rollouts:
     calls.pop(rid, None)
     rollouts.pop(rid, None)
@@ -296,24 +294,25 @@ def _rollout_id_of(line: str) -> str | None:
   return rid if isinstance(rid, str) else None
 
 
-def _add(rec: Record, calls: dict[str, list[CallRecord]], rollouts: dict[str, RolloutRecord],
-         problem) -> None:
+def _add(rec: Record, where: str, calls: dict[str, list[CallRecord]],
+         rollouts: dict[str, RolloutRecord], problem) -> None:
   rid = rec.rollout_id
+  where = f"{where} (rollout {rid!r})"
   if isinstance(rec, RolloutRecord):
     if rid in rollouts:
-      problem(CallLogError(f"rollout {rid!r}", "rollout_id", "more than one rollout record"), rid)
+      problem(CallLogError(where, "rollout_id", "more than one rollout record"), rid)
       return
     rollouts[rid] = rec
   else:
     same = calls.setdefault(rid, [])
     if any(c.call_index == rec.call_index for c in same):
-      problem(CallLogError(f"rollout {rid!r}", "call_index", f"{rec.call_index} appears twice"), rid)
+      problem(CallLogError(where, "call_index", f"{rec.call_index} appears twice"), rid)
       return
     same.append(rec)
   for other in (rollouts.get(rid), calls.get(rid, [None])[0]):
     if other is not None and (other.task_id, other.harness) != (rec.task_id, rec.harness):
       problem(CallLogError(
-          f"rollout {rid!r}", "task_id/harness",
+          where, "task_id/harness",
           f"records disagree: {(other.task_id, other.harness)} vs {(rec.task_id, rec.harness)}"), rid)
       return
 

@@ -57,5 +57,6 @@ class PackedBatch:
     return self.tokens_RT.shape
 
   def loss_mask_RT(self) -> np.ndarray:
-    """Tokens that enter the loss under either weighting."""
-    return self.unique_weight_RT > 0
+    """Tokens that enter the loss under either weighting (in the paths layout a repeated token has
+    path_weight 1 but unique_weight 0)."""
+    return (self.unique_weight_RT > 0) | (self.path_weight_RT > 0)

@@ -1,0 +1,79 @@
+"""Advantages: GRPO group normalisation (paper Eq. 1) and branch-local PPO advantages (Eq. 2).
+
+GRPO: A_i = (R_i - mean_g) / (std_g + eps) over the rollouts of group g = one (task_id, harness) pair,
+so the same task under two harnesses forms two groups and groups never mix harnesses. std is the
+population standard deviation (ddof=0): the group is the whole set being normalised, not a sample of
+a larger one, and it stays defined for a group of one. (Libraries that use the sample std, ddof=1,
+give advantages larger by sqrt(n / (n - 1)): 7% for n = 8.) A group of one rollout, or one whose
+rewards are all equal, carries no learning signal: its advantages are exactly 0 and it is counted.
+
+PPO with gamma = lambda = 1: the GAE sum of TD errors along a trajectory telescopes to
+A_t = R - V(s_t), with returns = R. V(s_t) is the critic's value of the state in which token t was
+sampled, i.e. read at the position that predicts t (`parent_index`). In the tree layout that state is
+the token's root-to-parent path, so no sibling branch enters it: advantages never cross a branch point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from clawjax.calllog import RolloutRecord
+from clawjax.tree.batch import PackedBatch
+
+
+@dataclasses.dataclass
+class RolloutScores:
+  """Per-rollout reward, group and advantage (suffix _N), for the rollouts that can be trained."""
+  rollout_ids: list[str]
+  group_ids_N: np.ndarray          # int32 index into `groups`
+  rewards_N: np.ndarray            # float32
+  advantages_N: np.ndarray         # float32 GRPO advantage
+  groups: list[tuple[str, str]]    # (task_id, harness) of each group
+  singleton_groups: int            # groups with one rollout (A = 0)
+  zero_variance_groups: int        # groups of >= 2 rollouts with equal rewards (A = 0)
+
+  def index(self) -> dict[str, int]:
+    return {rid: i for i, rid in enumerate(self.rollout_ids)}
+
+
+def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> RolloutScores:
+  """Group-normalised advantages of the rollouts with status "ok" (the others have no reward).
+
+  `eps` keeps the division finite for nearly equal rewards; 1e-6 is far below any reward resolution
+  of the verifiers (scores in [0, 1] averaged over a handful of checks) so it never rescales a group.
+  """
+  if eps <= 0:
+    raise ValueError(f"eps must be > 0, got {eps}")
+  ok = sorted((r for r in rollouts if r.status == "ok" and r.reward is not None),
+              key=lambda r: r.rollout_id)
+  groups = sorted({(r.task_id, r.harness) for r in ok})
+  group_of = {g: i for i, g in enumerate(groups)}
+  group_ids = np.array([group_of[(r.task_id, r.harness)] for r in ok], np.int32)
+  rewards = np.array([r.reward for r in ok], np.float64)
+  advantages = np.zeros(len(ok), np.float64)
+  singleton = zero_var = 0
+  for g in range(len(groups)):
+    members = group_ids == g
+    r = rewards[members]
+    if len(r) == 1:
+      singleton += 1
+    elif r.max() == r.min():
+      zero_var += 1
+    else:
+      advantages[members] = (r - r.mean()) / (r.std() + eps)
+  return RolloutScores(rollout_ids=[r.rollout_id for r in ok], group_ids_N=group_ids,
+                       rewards_N=rewards.astype(np.float32), advantages_N=advantages.astype(np.float32),
+                       groups=groups, singleton_groups=singleton, zero_variance_groups=zero_var)
+
+
+def ppo_advantages(batch: PackedBatch, values_RT: np.ndarray) -> np.ndarray:
+  """A_t = R - V(s_t) on loss tokens (0 elsewhere); `values_RT[r, i]` is the critic's output at row
+  position i, so V(s_t) is read at parent_index (the position that predicts token t)."""
+  if values_RT.shape != batch.shape:
+    raise ValueError(f"values_RT shape {values_RT.shape} differs from the batch shape {batch.shape}")
+  mask = batch.loss_mask_RT()
+  v = np.take_along_axis(values_RT, np.maximum(batch.parent_index_RT, 0), axis=1)
+  return np.where(mask, batch.returns_RT - v, 0.0).astype(np.float32)

@@ -1,0 +1,129 @@
+"""Call-log validation: every bad field is an error naming file, line and field; collect mode keeps
+the good rollouts; the writer fsyncs each record and what it writes loads back equal."""
+
+import json
+import os
+
+import pytest
+
+from clawjax import calllog
+from clawjax.calllog import CallLogError, CallLogWriter, CallRecord, RolloutRecord
+
+GOOD_CALL = {
+    "schema": "clawjax.call/1", "rollout_id": "r1", "task_id": "t", "harness": "h", "call_index": 0,
+    "status": "ok", "input_ids": [1, 2, 3], "output_ids": [4, 5], "output_logprobs": [-0.5, -1.25],
+    "role": "main", "finish_reason": "stop", "model": "m", "t_start": 1.0, "t_end": 2.0,
+}
+GOOD_ROLLOUT = {"schema": "clawjax.rollout/1", "rollout_id": "r1", "task_id": "t", "harness": "h",
+                "reward": 0.5, "status": "ok"}
+
+CALL_REQUIRED = [k for k in GOOD_CALL if k != "schema"]
+ROLLOUT_REQUIRED = [k for k in GOOD_ROLLOUT if k != "schema"]
+BAD_CALL_VALUES = [
+    ("rollout_id", 7), ("task_id", None), ("harness", ["h"]), ("call_index", -1), ("call_index", 1.5),
+    ("call_index", True), ("status", "done"), ("input_ids", [1, -2]), ("input_ids", "1 2"),
+    ("input_ids", [1, 2**31]), ("output_ids", [4, 5.0]), ("output_logprobs", [-0.5]),
+    ("output_logprobs", [-0.5, "x"]), ("output_logprobs", [-0.5, 0.5]),
+    ("output_logprobs", [-0.5, float("nan")]), ("output_logprobs", [float("-inf"), -1.0]),
+    ("role", "assistant"), ("finish_reason", 3), ("model", None), ("t_start", "now"),
+    ("t_end", float("inf")), ("policy_version", "v1"), ("extra", [1]),
+]
+BAD_ROLLOUT_VALUES = [
+    ("reward", None), ("reward", float("nan")), ("reward", "1"), ("status", "crashed"),
+    ("rollout_id", None), ("task_id", 1), ("harness", None), ("extra", "x"),
+]
+
+
+def write_lines(path, objs):
+  # allow_nan: the log may contain NaN / Infinity written by a non-strict producer.
+  path.write_text("".join(json.dumps(o) + "\n" for o in objs))
+  return path
+
+
+def expect_error(path, line, field):
+  with pytest.raises(CallLogError) as info:
+    calllog.load(path)
+  msg = str(info.value)
+  assert msg.startswith(f"{path}:{line}") and (field is None or f"field {field!r}" in msg), msg
+  assert info.value.field == field
+
+
+@pytest.mark.parametrize("field,value", BAD_CALL_VALUES)
+def test_bad_call_field_names_file_line_and_field(tmp_path, field, value):
+  bad = {**GOOD_CALL, "call_index": 1, field: value}
+  path = write_lines(tmp_path / "calls.jsonl", [GOOD_CALL, GOOD_ROLLOUT, bad])
+  expect_error(path, 3, field)
+
+
+@pytest.mark.parametrize("field,value", BAD_ROLLOUT_VALUES)
+def test_bad_rollout_field_names_file_line_and_field(tmp_path, field, value):
+  path = write_lines(tmp_path / "calls.jsonl", [GOOD_CALL, {**GOOD_ROLLOUT, field: value}])
+  expect_error(path, 2, field)
+
+
+@pytest.mark.parametrize("field", CALL_REQUIRED + ["schema"])
+def test_missing_call_field(tmp_path, field):
+  bad = {k: v for k, v in GOOD_CALL.items() if k != field}
+  expect_error(write_lines(tmp_path / "c.jsonl", [bad]), 1, field)
+
+
+@pytest.mark.parametrize("field", ROLLOUT_REQUIRED)
+def test_missing_rollout_field(tmp_path, field):
+  bad = {k: v for k, v in GOOD_ROLLOUT.items() if k != field}
+  expect_error(write_lines(tmp_path / "c.jsonl", [bad]), 1, field)
+
+
+@pytest.mark.parametrize("line,field", [("{not json", None), ("[1, 2]", None),
+                                        (json.dumps({**GOOD_CALL, "schema": "x/1"}), "schema")])
+def test_malformed_line(tmp_path, line, field):
+  path = tmp_path / "c.jsonl"
+  path.write_text(json.dumps(GOOD_CALL) + "\n\n" + line + "\n")
+  expect_error(path, 3, field)
+
+
+def test_cross_record_conflicts_name_the_line(tmp_path):
+  expect_error(write_lines(tmp_path / "a.jsonl", [GOOD_CALL, GOOD_CALL]), 2, "call_index")
+  expect_error(write_lines(tmp_path / "b.jsonl", [GOOD_ROLLOUT, GOOD_ROLLOUT]), 2, "rollout_id")
+  expect_error(write_lines(tmp_path / "c.jsonl", [GOOD_CALL, {**GOOD_ROLLOUT, "harness": "x"}]), 2,
+               "task_id/harness")
+
+
+def test_collect_mode_keeps_good_rollouts_and_drops_broken_ones_whole(tmp_path):
+  good2 = {**GOOD_CALL, "rollout_id": "r2", "call_index": 1}
+  bad2 = {**GOOD_CALL, "rollout_id": "r2", "call_index": 0, "output_logprobs": [0.0]}
+  objs = [GOOD_CALL, {**GOOD_CALL, "call_index": 1}, GOOD_ROLLOUT, good2, bad2,
+          {**GOOD_ROLLOUT, "rollout_id": "r2"}]
+  log = calllog.load(write_lines(tmp_path / "c.jsonl", objs), errors="collect")
+  assert sorted(log.calls) == ["r1"] and sorted(log.rollouts) == ["r1"]
+  assert [c.call_index for c in log.calls["r1"]] == [0, 1]
+  assert len(log.problems) == 1 and ":5:" in log.problems[0] and "output_logprobs" in log.problems[0]
+
+
+def test_directory_load_sorts_calls_and_joins_files(tmp_path):
+  write_lines(tmp_path / "b.jsonl", [{**GOOD_CALL, "call_index": 2}, GOOD_CALL])
+  write_lines(tmp_path / "a.jsonl", [GOOD_ROLLOUT])
+  (tmp_path / "notes.txt").write_text("ignored")
+  log = calllog.load(tmp_path)
+  assert [c.call_index for c in log.calls["r1"]] == [0, 2]
+  assert log.rollouts["r1"].reward == 0.5 and log.rollout_ids() == ["r1"]
+
+
+def test_writer_fsyncs_every_record_and_round_trips(tmp_path, monkeypatch):
+  synced = []
+  real_fsync = os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+  call = calllog.parse_record(GOOD_CALL, "x")
+  records = [call, CallRecord(**{**call.__dict__, "call_index": 1, "role": None, "status": "error",
+                                 "output_ids": (), "output_logprobs": (), "policy_version": 3,
+                                 "extra": {"error": "HTTP 500"}}),
+             RolloutRecord("r1", "t", "h", None, "timeout", {"wall_s": 3.5})]
+  path = tmp_path / "sub" / "log.jsonl"
+  with CallLogWriter(path) as w:
+    for i, r in enumerate(records):
+      w.write(r)
+      assert len(synced) == i + 1  # on disk before write() returned
+      assert len(path.read_text().splitlines()) == i + 1
+  assert list(calllog.iter_records(path)) == records
+  with CallLogWriter(path) as w, pytest.raises(CallLogError, match="output_logprobs"):
+    w.write(CallRecord(**{**call.__dict__, "output_logprobs": (float("nan"), -1.0)}))
+  assert len(path.read_text().splitlines()) == 3  # the invalid record was not written
