@@ -28,6 +28,7 @@ setuptools.setup(
         "tqdm>=4.66,<5",
         "tensorboardX>=2.6,<3",
         "matplotlib>=3.9,<4",
+        "pyyaml>=6,<7",
     ],
     extras_require={
         "test": [
@@ -39,6 +40,8 @@ setuptools.setup(
             "openai>=3.0,<4",
             "torch==2.13.0",
             "transformers>=5.0,<6",
+            "jinja2>=3.1,<4",
+            "tiktoken>=0.8,<1",
         ],
     },
 )

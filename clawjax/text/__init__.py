@@ -1,1 +1,13 @@
+"""The text layer: tokenizers, chat templates, output parsing and token-in-token-out prompts.
 
+Serving turns API requests into `Message`/`ToolSpec` records, gets prompt ids from a per-rollout
+`PromptBuilder`, and turns sampled ids back into a `ParsedTurn` with `ChatTemplate.parse`.
+"""
+
+from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec
+from clawjax.text.prompt import Prompt, PromptBuilder
+from clawjax.text.templates import ChatTemplate, load_template
+from clawjax.text.tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["ChatTemplate", "Message", "ParsedTurn", "Prompt", "PromptBuilder", "ToolCall", "ToolSpec",
+           "Tokenizer", "load_template", "load_tokenizer"]

@@ -1,0 +1,335 @@
+"""Chat templates: messages -> prompt token ids, and one sampled assistant turn -> `ParsedTurn`.
+
+Two families, both ChatML (`<|im_start|>role\\n...<|im_end|>\\n` blocks), written from the formats'
+documentation:
+
+* "qwen3": Qwen3's documented chat format. Tools go into the system block as one JSON object per line
+  inside `<tools></tools>`; an assistant's tool calls are `<tool_call>\\n{"name": N, "arguments": A}\\n
+  </tool_call>`; tool results are user blocks of `<tool_response>` sections, consecutive tool messages
+  sharing one block; an assistant turn shows its `<think>` block only when it comes after the last real
+  user query (earlier turns' thinking is dropped); `enable_thinking=False` opens the generation with an
+  empty think block.
+* "chatml": SmolLM2-Instruct's template (its default system prompt when the conversation has none) with
+  tools added in the same `<tool_call>` JSON convention, described in plain words in the system block
+  (CHATML_TOOLS_INTRO) so a small model can learn the format. It has no thinking.
+
+A prompt is a sequence of `Block`s, each starting with `<|im_start|>`: an added token, so tokenising
+blocks one by one gives the same ids as tokenising the whole text (BPE never merges across it). The
+prompt builder caches ids per block on that basis.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import pathlib
+import re
+import secrets
+from collections.abc import Sequence
+from typing import Literal
+
+from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments
+from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_type
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+
+QWEN3_TOOLS_INTRO = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>")
+QWEN3_TOOLS_OUTRO = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>")
+CHATML_TOOLS_INTRO = "You can use these tools (one JSON description per line):\n<tools>"
+CHATML_TOOLS_OUTRO = (
+    "\n</tools>\nTo use a tool, reply with one block per call:\n<tool_call>\n"
+    "{\"name\": \"<tool name>\", \"arguments\": {<arguments as JSON>}}\n</tool_call>")
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+_CALL_RE = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|\Z)", re.S)
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyFormat:
+  """What distinguishes one ChatML family from another."""
+  tools_intro: str
+  tools_outro: str
+  compact_tool_json: bool        # chatml: compact tool schemas (shorter for small models)
+  default_system: str | None     # system block used when the conversation starts without one
+  thinking: bool                 # the family has <think> blocks
+  enable_thinking_default: bool
+
+
+FAMILIES: dict[str, FamilyFormat] = {
+    "qwen3": FamilyFormat(QWEN3_TOOLS_INTRO, QWEN3_TOOLS_OUTRO, compact_tool_json=False,
+                          default_system=None, thinking=True, enable_thinking_default=True),
+    "chatml": FamilyFormat(CHATML_TOOLS_INTRO, CHATML_TOOLS_OUTRO, compact_tool_json=True,
+                           default_system=SMOLLM2_DEFAULT_SYSTEM, thinking=False,
+                           enable_thinking_default=False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  """One ChatML block of a prompt: the unit of caching and of splicing.
+
+  `key` is a hashable value that determines the block's text exactly (compared by equality, so equal
+  keys can never render differently); `messages` are the messages it renders (several for grouped tool
+  results; none for a system block made only of the default prompt and tools).
+  """
+  key: tuple
+  kind: Literal["system", "message", "tools_results"]
+  messages: tuple[Message, ...]
+  show_thinking: bool = False
+  tools: tuple[ToolSpec, ...] = ()
+
+  @property
+  def assistant(self) -> Message | None:
+    """The assistant message of an assistant block, else None."""
+    m = self.messages
+    return m[0] if self.kind == "message" and m[0].role == "assistant" else None
+
+
+def turn_match_key(text: str, tool_calls: Sequence[ToolCall]) -> tuple:
+  """Identity of an assistant turn as a harness echoes it: visible text (outer whitespace ignored),
+  tool names and parsed arguments in order. Ignores thinking, tool-call ids and argument formatting."""
+  return (text.strip(), *((c.name, canonical_arguments(c.arguments)) for c in tool_calls))
+
+
+def _calls_key(tool_calls: Sequence[ToolCall]) -> tuple:
+  # repr, not canonical JSON: cheap, and exact for the rendering (which serialises the same value).
+  return tuple((c.name, c.arguments if isinstance(c.arguments, str) else repr(c.arguments))
+               for c in tool_calls)
+
+
+def _split_thinking(content: str) -> tuple[str | None, str]:
+  """(thinking, rest) of a text that may hold a `<think>...</think>` block before its visible part."""
+  if THINK_CLOSE not in content:
+    return None, content
+  head, rest = content.split(THINK_CLOSE, 1)
+  return head.split(THINK_OPEN)[-1].strip("\n"), rest.lstrip("\n")
+
+
+class ChatTemplate:
+  """One family's chat format over one tokenizer."""
+
+  def __init__(self, family: str, tokenizer: Tokenizer, *, shared_cache_blocks: int = 4096):
+    """`shared_cache_blocks`: how many rendered blocks' ids to keep across all rollouts (least
+    recently used evicted). Rollouts of one task share their big system/tools/task blocks (~40K
+    characters for Claude Code), which then tokenise once, not once per rollout."""
+    if family not in FAMILIES:
+      raise ValueError(f"ChatTemplate: unknown family {family!r}; known: {sorted(FAMILIES)}")
+    self.family, self.tokenizer, self.format = family, tokenizer, FAMILIES[family]
+    for token in (IM_START, IM_END):
+      if not tokenizer.has_token(token):
+        raise ValueError(f"ChatTemplate({family!r}): tokenizer {tokenizer.name!r} lacks {token}")
+    ends = [IM_END] + [t for t in ("<|endoftext|>",) if tokenizer.has_token(t)]
+    # Generation stops at any of these; im_end is the turn's normal end.
+    self.stop_token_ids: tuple[int, ...] = tuple(tokenizer.token_id(t) for t in ends)
+    self.turn_end_text = IM_END + "\n"
+    self.turn_end_ids: tuple[int, ...] = tuple(tokenizer.encode(self.turn_end_text))
+    # What follows a sampled turn that already ended with a stop token.
+    self.after_stop_ids: tuple[int, ...] = tuple(tokenizer.encode("\n"))
+    self.shared_cache_blocks = shared_cache_blocks
+    self._block_ids: collections.OrderedDict[tuple, tuple[int, ...]] = collections.OrderedDict()
+
+  # ---- rendering --------------------------------------------------------------------------------
+
+  def resolve_thinking(self, enable_thinking: bool | None) -> bool:
+    return self.format.enable_thinking_default if enable_thinking is None else enable_thinking
+
+  def generation_prompt(self, enable_thinking: bool | None = None) -> str:
+    """The text that opens the assistant turn the model is asked to generate."""
+    text = IM_START + "assistant\n"
+    if self.format.thinking and not self.resolve_thinking(enable_thinking):
+      text += THINK_OPEN + "\n\n" + THINK_CLOSE + "\n\n"
+    return text
+
+  def tools_text(self, tools: Sequence[ToolSpec]) -> str:
+    """The tools section of the system block: one JSON object per line between the family's texts."""
+    fmt = self.format
+    seps = (",", ":") if fmt.compact_tool_json else None
+    lines = []
+    for t in tools:
+      spec = {"name": t.name, "description": t.description, "parameters": t.parameters}
+      if not fmt.compact_tool_json:
+        spec = {"type": "function", "function": spec}
+      lines.append("\n" + json.dumps(spec, ensure_ascii=False, separators=seps))
+    return fmt.tools_intro + "".join(lines) + fmt.tools_outro
+
+  def blocks(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> list[Block]:
+    """The prompt's blocks, cheap to compute: texts are only built by `block_text`."""
+    out: list[Block] = []
+    tools = tuple(tools)
+    start = 1 if messages and messages[0].role == "system" else 0
+    if start or tools or self.format.default_system is not None:
+      tools_key = tuple((t.name, t.description, repr(t.parameters)) for t in tools)
+      key = ("system", messages[0].content if start else None, tools_key)
+      out.append(Block(key, "system", tuple(messages[:start]), tools=tools))
+    last_query = self._last_query_index(messages)
+    i = start
+    while i < len(messages):
+      m = messages[i]
+      if m.role == "tool":
+        j = i
+        while j < len(messages) and messages[j].role == "tool":
+          j += 1
+        group = tuple(messages[i:j])
+        out.append(Block(("tools_results", *(t.content for t in group)), "tools_results", group))
+        i = j
+        continue
+      if m.role == "assistant":
+        thinking, _ = self._thinking_and_content(m)
+        show = (self.format.thinking and i > last_query
+                and (i == len(messages) - 1 or bool(thinking)))
+        key = ("assistant", show, (thinking or "") if show else "", m.content, _calls_key(m.tool_calls))
+        out.append(Block(key, "message", (m,), show_thinking=show))
+      else:
+        out.append(Block((m.role, m.content), "message", (m,)))
+      i += 1
+    return out
+
+  def block_text(self, block: Block) -> str:
+    """A block's text, from `<|im_start|>` to the `<|im_end|>\\n` that closes it."""
+    if block.kind == "system":
+      base = block.messages[0].content if block.messages else self.format.default_system
+      if not block.tools:
+        body = base
+      else:
+        tools_text = self.tools_text(block.tools)
+        body = tools_text if base is None else base + "\n\n" + tools_text
+      return IM_START + "system\n" + body + self.turn_end_text
+    if block.kind == "tools_results":
+      body = "".join(f"\n{RESPONSE_OPEN}\n{m.content}\n{RESPONSE_CLOSE}" for m in block.messages)
+      return IM_START + "user" + body + self.turn_end_text
+    m = block.messages[0]
+    if m.role != "assistant":
+      return IM_START + m.role + "\n" + m.content + self.turn_end_text
+    return IM_START + "assistant\n" + self.assistant_body(m, block.show_thinking) + self.turn_end_text
+
+  def block_ids(self, block: Block) -> tuple[int, ...]:
+    """A block's ids, from the shared cache or tokenised (its key determines its text exactly)."""
+    ids = self._block_ids.get(block.key)
+    if ids is None:
+      ids = tuple(self.tokenizer.encode(self.block_text(block)))
+      self._block_ids[block.key] = ids
+      if len(self._block_ids) > self.shared_cache_blocks:
+        self._block_ids.popitem(last=False)
+    else:
+      self._block_ids.move_to_end(block.key)
+    return ids
+
+  def assistant_body(self, m: Message, show_thinking: bool) -> str:
+    """An assistant turn's text as the model writes it (between the opening line and `<|im_end|>`)."""
+    thinking, content = self._thinking_and_content(m)
+    if show_thinking:
+      text = f"{THINK_OPEN}\n{(thinking or '').strip(chr(10))}\n{THINK_CLOSE}\n\n" + content.lstrip("\n")
+    else:
+      text = content
+    for k, call in enumerate(m.tool_calls):
+      if k > 0 or content:
+        text += "\n"
+      args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments,
+                                                                                 ensure_ascii=False)
+      text += f'{CALL_OPEN}\n{{"name": "{call.name}", "arguments": {args}}}\n{CALL_CLOSE}'
+    return text
+
+  def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                  add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> str:
+    """The prompt as text; `enable_thinking` None means the family's default."""
+    text = "".join(self.block_text(b) for b in self.blocks(messages, tools))
+    return text + (self.generation_prompt(enable_thinking) if add_generation_prompt else "")
+
+  def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+             add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
+    """Prompt ids of a conversation, tokenised in one piece (no caching, no splicing)."""
+    return self.tokenizer.encode(self.render_text(
+        messages, tools, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking))
+
+  def echo_key(self, m: Message) -> tuple:
+    """`turn_match_key` of an assistant message as a harness sent it (thinking written inline in the
+    content, as some clients do, is left out like separate thinking)."""
+    return turn_match_key(self._thinking_and_content(m)[1], m.tool_calls)
+
+  def _thinking_and_content(self, m: Message) -> tuple[str | None, str]:
+    if m.thinking is not None or not self.format.thinking:
+      return m.thinking, m.content
+    return _split_thinking(m.content)
+
+  @staticmethod
+  def _last_query_index(messages: Sequence[Message]) -> int:
+    """Index of the last real user query (a user message that is not just wrapped tool output)."""
+    for i in range(len(messages) - 1, -1, -1):
+      c = messages[i].content
+      if messages[i].role == "user" and not (c.startswith(RESPONSE_OPEN) and c.endswith(RESPONSE_CLOSE)):
+        return i
+    return len(messages) - 1
+
+  # ---- parsing ----------------------------------------------------------------------------------
+
+  def parse(self, output_ids: Sequence[int], *, id_prefix: str = "call_") -> ParsedTurn:
+    """Split one sampled assistant turn into thinking, visible text and tool calls.
+
+    A trailing stop token is ignored; an empty think block counts as no thinking (None). Each
+    `<tool_call>` body must be a JSON object with a string `name` and an object `arguments` (or a
+    string holding one); anything else, or a block cut off before `</tool_call>`, stays in the text
+    verbatim and is listed in `malformed`. Tool calls get fresh ids `id_prefix` + 24 hex digits (the
+    model writes none).
+    """
+    ids = list(output_ids)
+    while ids and ids[-1] in self.stop_token_ids:
+      ids.pop()
+    thinking, rest = _split_thinking(self.tokenizer.decode(ids))
+    if thinking is None and rest.startswith(THINK_OPEN):  # cut off inside its thinking
+      thinking, rest = rest[len(THINK_OPEN):].strip("\n"), ""
+    text_parts, calls, malformed = [], [], []
+    pos = 0
+    for match in _CALL_RE.finditer(rest):
+      text_parts.append(rest[pos:match.start()])
+      pos = match.end()
+      call = self._parse_call(match, id_prefix) if match.group(0).endswith(CALL_CLOSE) else None
+      if call is None:
+        malformed.append(match.group(0))
+        text_parts.append(match.group(0))
+      else:
+        calls.append(call)
+    text_parts.append(rest[pos:])
+    return ParsedTurn("".join(text_parts).strip(), thinking or None, tuple(calls), tuple(malformed))
+
+  @staticmethod
+  def _parse_call(match: re.Match, id_prefix: str) -> ToolCall | None:
+    try:
+      body = json.loads(match.group(1))
+    except ValueError:
+      return None
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not body["name"]:
+      return None
+    args = body.get("arguments", {})
+    if isinstance(args, str):
+      try:
+        args = json.loads(args)
+      except ValueError:
+        return None
+    if not isinstance(args, dict):
+      return None
+    return ToolCall(id_prefix + secrets.token_hex(12), body["name"], args)
+
+
+def family_of(model_dir_or_name: str) -> str:
+  """The chat family of a model preset or HF model dir: Qwen models (config.json `model_type` qwen3,
+  qwen3_moe, ...) use "qwen3", others (SmolLM2's llama) "chatml"."""
+  path = pathlib.Path(model_dir_or_name)
+  name = model_type(path) if path.is_dir() else path.name
+  return "qwen3" if name.lower().startswith("qwen") else "chatml"
+
+
+def load_template(model_dir_or_name: str, family: str | None = None) -> ChatTemplate:
+  """The chat template for a model preset ("qwen3", "smollm2") or HF model dir, with its tokenizer.
+
+  `family` overrides the guess from the name / config.json `model_type`.
+  """
+  return ChatTemplate(family or family_of(model_dir_or_name), load_tokenizer(model_dir_or_name))

