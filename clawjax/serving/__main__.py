@@ -1,0 +1,85 @@
+"""`python -m clawjax.serving --backend NAME --model PATH_OR_PRESET --log-dir DIR [...]`: run the shim."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+from typing import Any
+
+from clawjax.serving.backends.base import backend_names, create_backend
+from clawjax.serving.profiles import load_profiles
+from clawjax.serving.server import ShimConfig, ShimServer
+from clawjax.text.templates import load_template
+
+
+def _backend_arg(item: str) -> tuple[str, Any]:
+  """KEY=VALUE; VALUE is a JSON scalar when it parses as one (8, 0.5, true), else the string."""
+  key, sep, value = item.partition("=")
+  if not sep or not key:
+    raise argparse.ArgumentTypeError(f"--backend-arg {item!r}: expected KEY=VALUE")
+  try:
+    parsed = json.loads(value)
+  except ValueError:
+    return key, value
+  return key, parsed if isinstance(parsed, (int, float, bool)) else value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  defaults = ShimConfig(log_dir="")
+  p = argparse.ArgumentParser(prog="python -m clawjax.serving", description=__doc__,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--backend", required=True, choices=backend_names())
+  p.add_argument("--backend-url", default=None, help="engine root URL (sglang, vllm)")
+  p.add_argument("--backend-arg", type=_backend_arg, action="append", default=[],
+                 help="KEY=VALUE passed to the backend factory, e.g. script=turns.json, "
+                      "failures=2:500, served_model=NAME, timeout_s=600")
+  p.add_argument("--model", required=True, help="preset (qwen3, smollm2) or HF model dir: "
+                 "picks the tokenizer and chat template")
+  p.add_argument("--template-family", default=None, choices=("qwen3", "chatml"),
+                 help="override the chat family guessed from --model")
+  p.add_argument("--model-name", default=defaults.model_name, help="name reported to clients")
+  p.add_argument("--host", default=defaults.host)
+  p.add_argument("--port", type=int, default=8000)
+  p.add_argument("--public-url", default=None, help="root URL clients use, if not http://HOST:PORT")
+  p.add_argument("--log-dir", required=True)
+  p.add_argument("--profiles", default=None, help="JSON file of harness role profiles")
+  for field, kind in [("max_new_tokens", int), ("max_context", int), ("top_k", int),
+                      ("max_body_bytes", int), ("log_threads", int), ("temperature", float),
+                      ("top_p", float),
+                      ("keepalive_s", float), ("finish_timeout_s", float)]:
+    p.add_argument("--" + field.replace("_", "-"), type=kind, default=getattr(defaults, field),
+                   help=f"ShimConfig.{field} (documented in clawjax/serving/server.py)")
+  return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+  template = load_template(args.model, args.template_family)
+  options = dict(args.backend_arg)
+  if args.backend == "scripted":
+    options["template"] = template  # The script is rendered with the very template the shim uses.
+  backend = create_backend(args.backend, url=args.backend_url, model=args.model, **options)
+  fields = {f.name for f in dataclasses.fields(ShimConfig)}
+  config = ShimConfig(**{k: v for k, v in vars(args).items() if k in fields})
+  server = ShimServer(config, backend, template,
+                      load_profiles(args.profiles) if args.profiles else None)
+  url = await server.start()
+  logging.info("clawjax shim (%s backend) serving at %s, logs in %s", args.backend, url, args.log_dir)
+  stop = asyncio.Event()
+  loop = asyncio.get_running_loop()
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    loop.add_signal_handler(sig, stop.set)
+  await stop.wait()
+  await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,148 @@
+"""The backend interface: what the shim needs from an inference engine, and the registry of engines.
+
+A backend turns prompt token ids into sampled token ids plus their log-probs; it never sees text. Every
+backend (sglang, vllm, scripted, the in-process JAX engine `embedded`) implements `Backend`:
+
+  async generate(input_ids, SamplingParams) -> Generation
+  async health() -> bool
+  async close()
+  optional: async update_weights_from_disk(model_path) -> int | None, async flush_cache()
+
+Log-prob convention (all backends): `output_logprobs[i]` is log softmax(logits / T) over the full
+vocabulary at the sampling temperature T, evaluated at `output_ids[i]`, before any top-p/top-k
+truncation (the learner recomputes exactly this as log pi_old). At T == 0 (greedy) use T = 1.
+
+Failures raise `BackendError` with an HTTP-like status: 503/529 for overloaded or unavailable (the
+harness retries), 500 for anything else. The shim turns it into the API's own error shape.
+
+Registry: `create_backend("name", **kwargs)` imports the backend's module lazily (so `--backend scripted`
+never imports JAX). A backend module registers itself with `@register_backend("name")`; built-in names
+map to modules in `_BUILTIN_MODULES`. The CLI (`python -m clawjax.serving`) always passes
+`url=` (str | None, from --backend-url) and `model=` (str, --model PATH_OR_PRESET); a factory takes the
+keyword arguments it needs and must accept (and may ignore) those two.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """What the shim asks of one generation. `stop_token_ids` end the turn (included in the output)."""
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = -1  # -1: no top-k truncation.
+  stop_token_ids: tuple[int, ...] = ()
+  seed: int | None = None
+
+
+class EncodedIds(list):
+  """Token ids that also carry their JSON array text (`json_text`), when the shim has it already (its
+  call log encodes every prompt incrementally); remote backends send it instead of re-encoding ~20K ids.
+  Everywhere else it is a plain list."""
+
+  def __init__(self, ids: list[int], json_text: str):
+    super().__init__(ids)
+    self.json_text = json_text
+
+
+def ids_json(input_ids: list[int]) -> str:
+  text = getattr(input_ids, "json_text", None)
+  return text if text is not None else json.dumps(list(input_ids), separators=(",", ":"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """One sampled continuation.
+
+  output_ids: sampled ids, including the stop token when finish_reason == "stop".
+  output_logprobs: one per output id, the convention in the module docstring.
+  finish_reason: "stop" (a stop token), "length" (max_new_tokens), "abort" (engine gave up).
+  policy_version: the weights version that sampled every token of it (None if the engine has none).
+  """
+  output_ids: tuple[int, ...]
+  output_logprobs: tuple[float, ...]
+  finish_reason: str
+  policy_version: int | None = None
+
+  def __post_init__(self):
+    if len(self.output_ids) != len(self.output_logprobs):
+      raise ValueError(f"Generation: {len(self.output_ids)} output_ids but "
+                       f"{len(self.output_logprobs)} output_logprobs")
+    if self.finish_reason not in FINISH_REASONS:
+      raise ValueError(f"Generation: finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
+
+
+class BackendError(Exception):
+  """A failed generation. `status`: 503 or 529 = overloaded/unavailable (retryable), 500 = other."""
+
+  def __init__(self, message: str, status: int = 500):
+    super().__init__(message)
+    self.status = status
+
+  @property
+  def overloaded(self) -> bool:
+    return self.status in (429, 503, 529)
+
+
+class Backend(abc.ABC):
+  """An inference engine. Implementations must be safe for many concurrent `generate` calls."""
+
+  @abc.abstractmethod
+  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    """Samples a continuation of `input_ids`; raises BackendError on failure."""
+
+  async def health(self) -> bool:
+    return True
+
+  async def close(self) -> None:
+    pass
+
+  async def update_weights_from_disk(self, model_path: str) -> int | None:
+    """Reloads weights from an HF safetensors dir; returns the new policy version."""
+    raise BackendError(f"{type(self).__name__} cannot update weights", status=501)
+
+  async def flush_cache(self) -> None:
+    pass
+
+
+BackendFactory = Callable[..., Backend]
+_REGISTRY: dict[str, BackendFactory] = {}
+_BUILTIN_MODULES = {
+    "sglang": "clawjax.serving.backends.sglang",
+    "vllm": "clawjax.serving.backends.vllm",
+    "scripted": "clawjax.serving.backends.scripted",
+    "embedded": "clawjax.serving.backends.embedded",
+}
+
+
+def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
+  """Class/function decorator: makes `create_backend(name, **kwargs)` call the factory with kwargs."""
+
+  def deco(factory: BackendFactory) -> BackendFactory:
+    _REGISTRY[name] = factory
+    return factory
+
+  return deco
+
+
+def backend_names() -> list[str]:
+  return sorted(set(_REGISTRY) | set(_BUILTIN_MODULES))
+
+
+def create_backend(name: str, **kwargs: Any) -> Backend:
+  """Builds backend `name`; kwargs go to its factory (e.g. url=..., model=...)."""
+  if name not in _REGISTRY and name in _BUILTIN_MODULES:
+    importlib.import_module(_BUILTIN_MODULES[name])
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown backend {name!r}; known: {backend_names()}")
+  return _REGISTRY[name](**kwargs)

@@ -1,0 +1,135 @@
+"""`scripted`: a test policy that plays a script of assistant turns. It stands for the model only.
+
+Each `generate` call plays the next turn of the script: the turn (text, thinking, tool calls) is written
+the way the model family writes it (`ChatTemplate.assistant_body`), tokenised with the real tokenizer,
+ended with the end-of-turn token, and given deterministic log-probs (a fixed function of position and
+token id, all in [-2, -0.01]), so the whole shim path (template, splicing, parsing, call log) runs
+for real on CPU. `max_new_tokens` truncates a turn (finish_reason "length"). Failures can be injected:
+`failures={k: status}` raises BackendError(status) on the k-th generate call (0-based, counting
+failures), which a harness then retries. After the last turn, the last turn repeats.
+
+Script file (JSON, for `--backend scripted --backend-arg script=FILE`): a list of turns, each
+{"text": str, "thinking": str?, "tool_calls": [{"name": str, "arguments": {...}}]}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from clawjax.serving.backends.base import (Backend, BackendError, Generation, SamplingParams,
+                                           register_backend)
+from clawjax.text.messages import Message, ToolCall
+from clawjax.text.templates import ChatTemplate, load_template
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptTurn:
+  text: str = ""
+  thinking: str | None = None
+  tool_calls: tuple[tuple[str, dict[str, Any]], ...] = ()  # (name, arguments)
+
+  @classmethod
+  def from_json(cls, obj: Any, where: str) -> "ScriptTurn":
+    if not isinstance(obj, dict):
+      raise ValueError(f"{where}: expected an object, got {type(obj).__name__}")
+    unknown = set(obj) - {"text", "thinking", "tool_calls"}
+    if unknown:
+      raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
+    calls = []
+    for i, c in enumerate(obj.get("tool_calls", [])):
+      if not (isinstance(c, dict) and isinstance(c.get("name"), str)
+              and isinstance(c.get("arguments", {}), dict)):
+        raise ValueError(f"{where}.tool_calls.{i}: expected {{name: str, arguments: object}}")
+      calls.append((c["name"], c.get("arguments", {})))
+    text, thinking = obj.get("text", ""), obj.get("thinking")
+    if not isinstance(text, str) or not (thinking is None or isinstance(thinking, str)):
+      raise ValueError(f"{where}: text and thinking must be strings")
+    return cls(text, thinking, tuple(calls))
+
+
+def load_script(path: str) -> list[ScriptTurn]:
+  with open(path, encoding="utf-8") as fh:
+    try:
+      data = json.load(fh)
+    except ValueError as e:
+      raise ValueError(f"{path}: not valid JSON: {e}") from None
+  if not isinstance(data, list) or not data:
+    raise ValueError(f"{path}: expected a non-empty JSON list of turns")
+  return [ScriptTurn.from_json(t, f"{path}: turn {i}") for i, t in enumerate(data)]
+
+
+def turn_ids(template: ChatTemplate, turn: ScriptTurn) -> list[int]:
+  """The ids a model of this family samples for `turn`, end-of-turn token included."""
+  message = Message("assistant", turn.text, thinking=turn.thinking,
+                    tool_calls=[ToolCall("", name, args) for name, args in turn.tool_calls])
+  body = template.assistant_body(message, show_thinking=turn.thinking is not None)
+  return template.tokenizer.encode(body) + [template.stop_token_ids[0]]
+
+
+def scripted_logprob(position: int, token_id: int) -> float:
+  """A deterministic stand-in log-prob in [-2, -0.01]."""
+  return -0.01 - 1.99 * ((position * 7919 + token_id * 104729) % 1000) / 1000.0
+
+
+class ScriptedBackend(Backend):
+  """Plays `script` (a list of turns, or a function of the prompt ids returning a turn)."""
+
+  def __init__(self, template: ChatTemplate,
+               script: Sequence[ScriptTurn] | Callable[[list[int]], ScriptTurn],
+               failures: dict[int, int] | None = None, latency_s: float = 0.0,
+               policy_version: int = 0):
+    if not callable(script) and not script:
+      raise ValueError("ScriptedBackend: empty script")
+    self.template, self.script = template, script
+    self.failures = dict(failures or {})
+    self.latency_s, self.policy_version = latency_s, policy_version
+    self.calls = 0  # generate calls so far, failures included
+    self.turns_played = 0
+
+  def _next_turn(self, input_ids: list[int]) -> ScriptTurn:
+    if callable(self.script):
+      return self.script(input_ids)
+    turn = self.script[min(self.turns_played, len(self.script) - 1)]
+    self.turns_played += 1
+    return turn
+
+  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    call, self.calls = self.calls, self.calls + 1
+    if self.latency_s:
+      await asyncio.sleep(self.latency_s)
+    if call in self.failures:
+      raise BackendError(f"scripted failure injected on call {call}", status=self.failures[call])
+    ids = turn_ids(self.template, self._next_turn(input_ids))
+    finish = "stop"
+    if len(ids) > params.max_new_tokens:
+      ids, finish = ids[:params.max_new_tokens], "length"
+    logprobs = [scripted_logprob(len(input_ids) + i, t) for i, t in enumerate(ids)]
+    return Generation(tuple(ids), tuple(logprobs), finish, self.policy_version)
+
+
+def _parse_failures(spec: str | dict[int, int] | None) -> dict[int, int]:
+  """"3:500,5:529" -> {3: 500, 5: 529}."""
+  if spec is None or isinstance(spec, dict):
+    return dict(spec or {})
+  out = {}
+  for item in filter(None, spec.split(",")):
+    try:
+      k, status = item.split(":")
+      out[int(k)] = int(status)
+    except ValueError:
+      raise ValueError(f"scripted failures: {item!r} is not CALL:STATUS") from None
+  return out
+
+
+@register_backend("scripted")
+def make_scripted(model: str, script: str | Sequence[ScriptTurn], url: str | None = None,
+                  failures: str | dict[int, int] | None = None, latency_s: float | str = 0.0,
+                  template: ChatTemplate | None = None) -> ScriptedBackend:
+  del url  # The script is the model: nothing to connect to.
+  turns = load_script(script) if isinstance(script, str) else list(script)
+  return ScriptedBackend(template or load_template(model), turns, _parse_failures(failures),
+                         float(latency_s))

@@ -1,0 +1,109 @@
+"""The dialect-neutral call: what both APIs parse into and render from, and the Dialect interface."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from clawjax.serving.errors import ApiError
+from clawjax.text.messages import Message, ParsedTurn, ToolSpec
+
+
+@dataclasses.dataclass
+class ChatRequest:
+  """One API request in neutral form. `client_sampling` keeps what the client asked (recorded only: the
+  shim samples with its own configured temperature so the rollout distribution is known)."""
+  model: str
+  messages: list[Message]
+  tools: list[ToolSpec]
+  max_tokens: int | None
+  stream: bool
+  enable_thinking: bool | None = None
+  include_usage: bool = False
+  client_sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ChatResult:
+  """One generated turn, ready to render. Tool calls carry ids the shim assigned."""
+  turn: ParsedTurn
+  input_tokens: int
+  output_tokens: int
+  finish_reason: str  # Generation.finish_reason: "stop" | "length" | "abort".
+
+
+class MessageMemo:
+  """The converted messages of a rollout's previous request, by position. A harness resends its whole
+  history on every call; a message equal (deep ==, done in C) to the one at the same position last time
+  reuses its conversion, so per-call validation work grows with the new messages only."""
+
+  def __init__(self):
+    self._entries: list[tuple[Any, list[Message]]] = []
+
+  def convert(self, raw: list[Any], fn: Callable[[Any, int], list[Message]]) -> list[Message]:
+    out, entries = [], []
+    for i, m in enumerate(raw):
+      hit = i < len(self._entries) and self._entries[i][0] == m
+      converted = self._entries[i][1] if hit else fn(m, i)
+      entries.append((m, converted))
+      out.extend(converted)
+    self._entries = entries
+    return out
+
+
+def new_id(prefix: str) -> str:
+  return f"{prefix}{secrets.token_hex(12)}"
+
+
+def dumps(obj: Any) -> str:
+  return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+  """One server-sent event; `data` is JSON-encoded unless it is already a string."""
+  payload = data if isinstance(data, str) else dumps(data)
+  head = f"event: {event}\n" if event else ""
+  return f"{head}data: {payload}\n\n".encode()
+
+
+class Dialect(abc.ABC):
+  """One API's wire format. Stateless; the server owns the call flow."""
+  name: str
+  tool_id_prefix: str
+
+  @abc.abstractmethod
+  def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest:
+    """Validates and converts a decoded body; raises ApiError(invalid_request) naming the field."""
+
+  @abc.abstractmethod
+  def response(self, result: ChatResult, model: str, message_id: str) -> dict[str, Any]:
+    """The non-streaming response body."""
+
+  @abc.abstractmethod
+  def stream_head(self, message_id: str, model: str, input_tokens: int) -> bytes:
+    """Events sent before generation finishes (may be empty)."""
+
+  @abc.abstractmethod
+  def stream_body(self, message_id: str, model: str, result: ChatResult,
+                  include_usage: bool) -> bytes:
+    """Every event of the turn except the final one."""
+
+  @abc.abstractmethod
+  def stream_final(self) -> bytes:
+    """The last event; sent only after the call record is on disk."""
+
+  @abc.abstractmethod
+  def keepalive(self) -> bytes:
+    """A no-op event that keeps the connection alive while generating."""
+
+  @abc.abstractmethod
+  def error_body(self, err: ApiError) -> dict[str, Any]:
+    """The API's JSON error shape."""
+
+  @abc.abstractmethod
+  def stream_error(self, err: ApiError) -> bytes:
+    """An error after the stream began (status already sent)."""

@@ -1,0 +1,57 @@
+"""Checks shared by the serving tests: what a rollout's log must look like."""
+import json
+import os
+import urllib.error
+import urllib.request
+
+from clawjax.calllog import load
+from clawjax.serving.backends.scripted import ScriptTurn
+from clawjax.tree.filters import filter_rollout
+
+
+WRITE_TURN = ScriptTurn(text="I will write the file.", thinking="The user wants a file.",
+                        tool_calls=(("write_file", {"path": "a.txt", "content": "hello"}),))
+READ_TURN = ScriptTurn(text="", tool_calls=(("read_file", {"path": "a.txt"}),))
+FINAL_TURN = ScriptTurn(text="Done: a.txt says hello.")
+
+
+def log_calls(path):
+  loaded = load(path)
+  assert not loaded.problems
+  return [c for calls in loaded.calls.values() for c in calls]
+
+
+def assert_linear_zero_drift(path, n_ok):
+  """The log rebuilds into one main path: every ok call extends the previous call's input + output."""
+  calls = log_calls(path)
+  ok = [c for c in calls if c.status == "ok"]
+  assert len(ok) == n_ok
+  for prev, cur in zip(ok, ok[1:]):
+    history = prev.input_ids + prev.output_ids
+    assert cur.input_ids[:len(history)] == history, f"call {cur.call_index} does not extend its parent"
+    assert cur.extra["drifted_turns"] == 0
+  filtered = filter_rollout(calls[0].rollout_id, calls)
+  assert filtered.drift_calls == 0
+  assert filtered.leaves == 1
+  return calls
+
+
+def log_size(log_dir):
+  """Total bytes in every log under log_dir (a rejected request must not change it)."""
+  if not os.path.isdir(log_dir):
+    return 0
+  return sum(os.path.getsize(os.path.join(log_dir, n)) for n in os.listdir(log_dir))
+
+
+def post(url, body, key=None, raw=None):
+  """(status, text) of a POST with a JSON body (or `raw` bytes), errors included."""
+  data = raw if raw is not None else json.dumps(body).encode()
+  headers = {"content-type": "application/json"}
+  if key:
+    headers["x-api-key"] = key
+  req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+  try:
+    with urllib.request.urlopen(req, timeout=60) as resp:
+      return resp.status, resp.read().decode()
+  except urllib.error.HTTPError as e:
+    return e.code, e.read().decode()

@@ -1,0 +1,201 @@
+"""The HTTP backends against minimal servers speaking the engines' documented wire formats, with the
+scripted policy behind them; the registry; role profiles."""
+import asyncio
+import threading
+
+import anthropic
+import pytest
+from aiohttp import web
+
+from clawjax.serving.backends.base import (Backend, BackendError, Generation, SamplingParams,
+                                           backend_names, create_backend, register_backend)
+from clawjax.serving.backends.scripted import ScriptedBackend, scripted_logprob, turn_ids
+from clawjax.serving.chat import ChatRequest
+from clawjax.serving.profiles import PROFILES, RoleRule, profile_for
+from clawjax.text.messages import Message, ToolSpec
+
+from tests.serving.helpers import FINAL_TURN, WRITE_TURN, assert_linear_zero_drift
+
+
+class EngineServer:
+  """An aiohttp server on its own thread; `routes` maps (method, path) to async handlers."""
+
+  def __init__(self, routes):
+    self.loop = asyncio.new_event_loop()
+    self.app = web.Application()
+    for (method, path), handler in routes.items():
+      self.app.router.add_route(method, path, handler)
+    self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+    self.seen = []
+
+  def __enter__(self):
+    self.thread.start()
+
+    async def start():
+      self.runner = web.AppRunner(self.app)
+      await self.runner.setup()
+      site = web.TCPSite(self.runner, "127.0.0.1", 0)
+      await site.start()
+      return self.runner.addresses[0][1]
+
+    self.url = f"http://127.0.0.1:{asyncio.run_coroutine_threadsafe(start(), self.loop).result()}"
+    return self
+
+  def __exit__(self, *exc):
+    asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result()
+    self.loop.call_soon_threadsafe(self.loop.stop)
+    self.thread.join()
+
+
+def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
+  """SGLang's native /generate (STACK.md) with the scripted policy as the model."""
+
+  async def generate(request):
+    body = await request.json()
+    seen.append(body)
+    if fail_status:
+      return web.json_response({"error": "busy"}, status=fail_status)
+    sp = body["sampling_params"]
+    gen = await policy.generate(body["input_ids"], SamplingParams(
+        max_new_tokens=sp["max_new_tokens"], stop_token_ids=tuple(sp["stop_token_ids"])))
+    return web.json_response({
+        "text": "", "output_ids": list(gen.output_ids),
+        "meta_info": {"output_token_logprobs": [[lp, t, None] for lp, t in
+                                                zip(gen.output_logprobs, gen.output_ids)],
+                      "finish_reason": {"type": gen.finish_reason},
+                      "prompt_tokens": len(body["input_ids"]),
+                      "completion_tokens": len(gen.output_ids)}})
+
+  async def ok(request):
+    seen.append(request.path)
+    return web.json_response({"success": True, "message": ""})
+
+  return {("POST", "/generate"): generate, ("GET", "/health"): ok,
+          ("POST", "/flush_cache"): ok, ("POST", "/update_weights_from_disk"): ok}
+
+
+def vllm_routes(policy: ScriptedBackend, seen: list):
+  """vLLM's /v1/completions with a token-id prompt and return_token_ids."""
+
+  async def completions(request):
+    body = await request.json()
+    seen.append(body)
+    gen = await policy.generate(body["prompt"], SamplingParams(
+        max_new_tokens=body["max_tokens"], stop_token_ids=tuple(body["stop_token_ids"])))
+    return web.json_response({"choices": [{
+        "index": 0, "text": "", "token_ids": list(gen.output_ids),
+        "prompt_token_ids": body["prompt"], "finish_reason": gen.finish_reason,
+        "logprobs": {"token_logprobs": list(gen.output_logprobs), "tokens": [], "top_logprobs": []}}]})
+
+  async def models(request):
+    return web.json_response({"data": [{"id": "served-policy"}]})
+
+  async def health(request):
+    return web.Response()
+
+  return {("POST", "/v1/completions"): completions, ("GET", "/v1/models"): models,
+          ("GET", "/health"): health}
+
+
+@pytest.mark.parametrize("name", ["sglang", "vllm"])
+def test_http_backend_round_trip_through_the_shim(make_shim, template, name):
+  policy = ScriptedBackend(template, [WRITE_TURN, FINAL_TURN])
+  seen = []
+  routes = sglang_routes(policy, seen) if name == "sglang" else vllm_routes(policy, seen)
+  with EngineServer(routes) as engine:
+    backend = create_backend(name, url=engine.url, model="qwen3")
+    shim = make_shim(None, backend=backend, max_new_tokens=300, temperature=0.7)
+    r = shim.create_rollout("t", "claude-code")
+    c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
+    tools = [{"name": "write_file", "input_schema": {"type": "object"}}]
+    msgs = [{"role": "user", "content": "go"}]
+    first = c.messages.create(model="m", max_tokens=1000, messages=msgs, tools=tools)
+    msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id,
+                                           "content": "ok"}]}]
+    assert c.messages.create(model="m", max_tokens=1000, messages=msgs,
+                             tools=tools).content[0].text == FINAL_TURN.text
+    calls = assert_linear_zero_drift(r["log_path"], 2)
+    assert list(calls[0].output_ids) == turn_ids(template, WRITE_TURN)
+    assert list(calls[0].output_logprobs) == pytest.approx(
+        [scripted_logprob(len(calls[0].input_ids) + i, t) for i, t in enumerate(calls[0].output_ids)])
+    prompt_key = "input_ids" if name == "sglang" else "prompt"
+    assert [b[prompt_key] for b in seen] == [list(c.input_ids) for c in calls]
+    sampling = seen[0]["sampling_params"] if name == "sglang" else seen[0]
+    assert sampling["temperature"] == 0.7
+    assert sampling["stop_token_ids"] == list(template.stop_token_ids)
+    if name == "sglang":
+      assert seen[0]["return_logprob"] is True and sampling["max_new_tokens"] == 300
+    else:
+      assert seen[0]["model"] == "served-policy" and seen[0]["return_token_ids"] is True
+
+
+def test_sglang_admin_calls_and_overload(template):
+  policy = ScriptedBackend(template, [FINAL_TURN])
+
+  async def run(url):
+    backend = create_backend("sglang", url=url, model="qwen3")
+    try:
+      assert await backend.health()
+      await backend.flush_cache()
+      await backend.update_weights_from_disk("/some/dir")
+      return await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+    finally:
+      await backend.close()
+
+  seen = []
+  with EngineServer(sglang_routes(policy, seen, fail_status=503)) as engine:
+    with pytest.raises(BackendError) as e:
+      asyncio.run(run(engine.url))
+  assert e.value.overloaded and "/generate" in str(e.value)
+  assert seen[:3] == ["/health", "/flush_cache", "/update_weights_from_disk"]
+
+  async def unreachable():
+    backend = create_backend("sglang", url="http://127.0.0.1:9", model="qwen3")
+    try:
+      assert not await backend.health()
+      await backend.generate([1], SamplingParams(max_new_tokens=1))
+    finally:
+      await backend.close()
+
+  with pytest.raises(BackendError) as e:
+    asyncio.run(unreachable())
+  assert e.value.status == 503
+
+
+def test_registry_finds_a_registered_backend_by_name():
+  @register_backend("test-echo")
+  class Echo(Backend):
+    def __init__(self, url=None, model=None):
+      self.model = model
+
+    async def generate(self, input_ids, params):
+      return Generation(tuple(input_ids[-1:]), (-0.5,), "length", 3)
+
+  assert "test-echo" in backend_names() and "embedded" in backend_names()
+  backend = create_backend("test-echo", url=None, model="m")
+  assert isinstance(backend, Echo) and backend.model == "m"
+  with pytest.raises(ValueError, match="unknown backend"):
+    create_backend("nope")
+  with pytest.raises(ValueError, match="output_logprobs"):
+    Generation((1, 2), (-1.0,), "stop")
+
+
+def _req(system, last_user, tools=True):
+  return ChatRequest(model="m", messages=[Message("system", system), Message("user", last_user)],
+                     tools=[ToolSpec("Bash")] if tools else [], max_tokens=None, stream=True)
+
+
+def test_claude_code_profile_roles():
+  p = profile_for("claude-code")
+  main_sys = "You are Claude Code, Anthropic's official CLI for Claude."
+  assert p.role(_req(main_sys, "fix the bug")) == "main"
+  assert p.role(_req(main_sys, "Your task is to create a detailed summary of the conversation so "
+                     "far")) == "compaction"
+  assert p.role(_req("You are an agent for Claude Code, Anthropic's official CLI", "search")) == \
+      "subagent"
+  assert p.role(_req("Generate a concise title", "hello", tools=False)) == "auxiliary"
+  assert profile_for("some-new-harness").role(_req("x", "y", tools=False)) == "main"
+  assert set(PROFILES) == {"claude-code", "openclaw", "mini"}
+  with pytest.raises(ValueError, match="role"):
+    RoleRule("boss", "system", "x")

@@ -1,0 +1,61 @@
+"""`python -m clawjax.serving` as a real process: flags, one call, clean shutdown on SIGTERM."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import openai
+
+from clawjax.serving.__main__ import parse_args
+
+from tests.serving.helpers import log_calls, post
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_flags_map_to_config():
+  args = parse_args(["--backend", "scripted", "--model", "qwen3", "--log-dir", "d",
+                     "--max-new-tokens", "77", "--max-context", "999", "--temperature", "0.6",
+                     "--backend-arg", "script=s.json", "--backend-arg", "failures=1:500",
+                     "--backend-arg", "max_slots=8", "--backend-arg", "latency_s=0.5"])
+  assert (args.max_new_tokens, args.max_context, args.temperature) == (77, 999, 0.6)
+  assert dict(args.backend_arg) == {"script": "s.json", "failures": "1:500", "max_slots": 8,
+                                    "latency_s": 0.5}
+
+
+def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path):
+  script = tmp_path / "turns.json"
+  script.write_text(json.dumps([{"text": "hello from the script"}]))
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  url = f"http://127.0.0.1:{port}"
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "clawjax.serving", "--backend", "scripted", "--model", "qwen3",
+       "--backend-arg", f"script={script}", "--port", str(port), "--log-dir", str(tmp_path / "logs"),
+       "--max-new-tokens", "64"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  try:
+    deadline = time.time() + 60
+    while True:
+      try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+          assert json.loads(resp.read())["status"] == "ok"
+          break
+      except OSError:
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
+        time.sleep(0.2)
+    status, text = post(url + "/rollouts", {"task_id": "t", "harness": "openclaw"})
+    r = json.loads(text)
+    c = openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0)
+    reply = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "hello from the script"
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+  (call,) = log_calls(r["log_path"])
+  assert call.extra["max_new_tokens"] == 64 and call.harness == "openclaw"
