@@ -1,0 +1,181 @@
+"""Harness adapters: how to install each harness, and the command line + env pointing it at a rollout.
+
+An adapter produces a `HarnessCommand` (argv, env, the host paths it must read) for one rollout's shim
+URL and key; `clawjax.harness.sandbox` runs it with the workspace as working directory and a
+throwaway HOME, and kills its process group on timeout. Env and flags follow ../shared/HARNESSES.md.
+
+  claude_code  Anthropic Messages, `claude -p` headless (npm @anthropic-ai/claude-code)
+  openclaw     OpenAI Chat Completions, `openclaw agent exec` (npm openclaw on Node 24)
+  mini         OpenAI Chat Completions, `python -m clawjax.harness.mini` (ships with clawjax)
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import json
+import pathlib
+import logging
+import sqlite3
+import sys
+from typing import Any
+
+from clawjax.harness import install
+
+log = logging.getLogger(__name__)
+
+_BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessOptions:
+  model: str = "policy"      # the model name the harness sends (the shim serves whatever it loaded)
+  max_turns: int = 30        # the harness's own agent-turn limit
+  timeout_s: float = 1800.0  # the harness's own deadline, where it has one (OpenClaw --timeout)
+  # Claude Code's CLAUDE_CODE_MAX_RETRIES (its default of 10 retries spends minutes on a dead backend).
+  claude_max_retries: int = 2
+  # OpenClaw model entry maxTokens (the shim caps generations server-side anyway).
+  openclaw_max_tokens: int = 8192
+  # Extra `--flag value` arguments for the mini harness (see `python -m clawjax.harness.mini --help`).
+  mini_args: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessCommand:
+  argv: list[str]
+  env: dict[str, str]
+  ro_paths: list[pathlib.Path]  # host paths the harness reads (its install), visible in the sandbox
+
+
+class Adapter(abc.ABC):
+  name: str     # the adapter key, e.g. "claude_code"
+  harness: str  # the name registered with the shim and written in the call log (selects its profile)
+
+  def install(self) -> None:
+    """Installs the harness if needed (idempotent); raises install.NpmUnreachable without npm."""
+
+  @abc.abstractmethod
+  def command(self, base_url: str, api_key: str, prompt: str, home: pathlib.Path,
+              options: HarnessOptions) -> HarnessCommand:
+    """The command for one rollout; may write config files under the throwaway `home`."""
+
+  def transcript_files(self, home: pathlib.Path) -> list[pathlib.Path]:
+    """The harness's own JSONL session transcript(s) left under `home` after a run."""
+    return []
+
+  def transcript(self, home: pathlib.Path) -> list[Any]:
+    """The harness's session transcript as a list of JSON objects (what PinchBench checkers read)."""
+    out = []
+    for f in self.transcript_files(home):
+      for line in f.read_text(errors="replace").splitlines():
+        try:
+          out.append(json.loads(line))
+        except json.JSONDecodeError:
+          continue
+    return out
+
+  def result(self, stdout: str) -> dict[str, Any] | None:
+    """The harness's final JSON output (the last stdout line that is a JSON object), if any."""
+    for line in reversed(stdout.splitlines()):
+      line = line.strip()
+      if line.startswith("{"):
+        try:
+          return json.loads(line)
+        except json.JSONDecodeError:
+          continue
+    try:  # pretty-printed (multi-line) JSON
+      obj = json.loads(stdout[stdout.index("{"):])
+    except ValueError:
+      return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _path_env(*dirs: pathlib.Path) -> str:
+  return ":".join([*map(str, dirs), *_BASE_PATH])
+
+
+class ClaudeCode(Adapter):
+  name, harness = "claude_code", "claude-code"
+
+  def install(self) -> None:
+    install.install_claude_code()
+
+  def command(self, base_url, api_key, prompt, home, options):
+    exe = install.install_claude_code()
+    env = {
+        "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": api_key,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1", "IS_SANDBOX": "1",
+        "CLAUDE_CODE_MAX_RETRIES": str(options.claude_max_retries), "PATH": _path_env(exe.parent),
+    }
+    argv = [str(exe), "-p", prompt, "--dangerously-skip-permissions", "--output-format", "json",
+            "--max-turns", str(options.max_turns), "--model", options.model]
+    return HarnessCommand(argv, env, [install.CLAUDE_CODE.prefix()])
+
+  def transcript_files(self, home):
+    return sorted((home / ".claude" / "projects").glob("*/*.jsonl"))
+
+
+class OpenClaw(Adapter):
+  name = harness = "openclaw"
+
+  def install(self) -> None:
+    install.install_openclaw()
+
+  def command(self, base_url, api_key, prompt, home, options):
+    exe, node_bin = install.install_openclaw()
+    config = {
+        "models": {"providers": {"local": {
+            "baseUrl": base_url.rstrip("/") + "/v1", "apiKey": api_key, "api": "openai-completions",
+            "models": [{"id": options.model, "name": options.model,
+                        "maxTokens": options.openclaw_max_tokens}]}}},
+        "agents": {"defaults": {"model": {"primary": f"local/{options.model}"}}},
+    }
+    config_path = home / "openclaw.json5"
+    config_path.write_text(json.dumps(config, indent=2))
+    state = home / ".openclaw-state"  # kept (exec deletes a state dir it made itself)
+    state.mkdir(exist_ok=True)
+    argv = [str(exe), "agent", "exec", prompt, "--config", str(config_path), "--json",
+            "--timeout", str(int(options.timeout_s)), "--state-dir", str(state)]
+    env = {"PATH": _path_env(node_bin)}
+    return HarnessCommand(argv, env, [install.NODE24.prefix(), install.OPENCLAW.prefix()])
+
+  def transcript(self, home):
+    # OpenClaw 2026.9 keeps its session events (the JSONL session format, one JSON object per event)
+    # in SQLite under the state dir; zstd-compressed rows (event_json NULL) are left out.
+    out = []
+    for db in sorted((home / ".openclaw-state" / "agents").glob("*/agent/openclaw-agent.sqlite")):
+      try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+          rows = conn.execute("SELECT event_json FROM transcript_events "
+                              "WHERE event_json IS NOT NULL ORDER BY session_id, seq").fetchall()
+      except sqlite3.Error as e:  # another OpenClaw version's layout: score without a transcript
+        log.warning("cannot read OpenClaw's transcript from %s: %s", db, e)
+        continue
+      out.extend(json.loads(r[0]) for r in rows)
+    return out
+
+
+class Mini(Adapter):
+  name = harness = "mini"
+
+  def command(self, base_url, api_key, prompt, home, options):
+    argv = [sys.executable, "-P", "-m", "clawjax.harness.mini", "--base-url", base_url,
+            "--api-key", api_key, "--task", prompt, "--workspace", ".",
+            "--model", options.model, "--max-turns", str(options.max_turns),
+            "--transcript", str(home / ".mini" / "transcript.jsonl"), *options.mini_args]
+    return HarnessCommand(argv, {"PATH": _path_env(), "PYTHONUNBUFFERED": "1"}, [])
+
+  def transcript_files(self, home):
+    return [p for p in [home / ".mini" / "transcript.jsonl"] if p.exists()]
+
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (ClaudeCode(), OpenClaw(), Mini())}
+
+
+def get_adapter(name: str) -> Adapter:
+  try:
+    return ADAPTERS[name]
+  except KeyError:
+    raise ValueError(f"unknown harness {name!r}; choose from {sorted(ADAPTERS)}") from None

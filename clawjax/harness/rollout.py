@@ -1,0 +1,225 @@
+"""One harness rollout against the shim, end to end, and a concurrent runner for many.
+
+A rollout: register with the shim (`POST /rollouts`) -> fresh workspace with the task's input files ->
+the harness in the sandbox (wall-clock timeout, process-group kill) -> settle (poll `GET /rollouts/{id}`
+until the call count and in-flight count stay unchanged over `settle_checks` polls, bounded by
+`settle_timeout_s`) -> `POST /rollouts/{id}/finish` -> score the workspace (the task's checker, outside
+the sandbox, only now) -> one `clawjax.rollout/1` record.
+
+Status of the record (only "ok" rollouts are trained on; the others are counted):
+  ok       the harness ran and the workspace was scored; reward = the final score.
+  timeout  the harness ran past `timeout_s` and was killed.
+  failed   the shim could not be reached, the sandbox could not start, the harness made no call, or it
+           exited non-zero right after a failed call (an HTTP failure it gave up on).
+  error    the rollout ran but has no reward (the checker or judge produced no score).
+A harness that exits non-zero after a successful last call (e.g. it hit its own turn limit) is "ok":
+the checker decides its reward.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import pathlib
+import secrets
+import shutil
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.harness import sandbox
+from clawjax.harness.install import InstallError
+from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
+from clawjax.tasks.judge import JudgeConfig
+from clawjax.tasks.scoring import ScoringConfig, score
+from clawjax.tasks.task import Task
+from clawjax.tasks.workspace import make_workspace
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  timeout_s: float = 1800.0        # harness wall clock (not published; the harness's own deadline)
+  settle_checks: int = 3           # unchanged consecutive polls that count as settled
+  settle_interval_s: float = 0.5   # between polls
+  settle_timeout_s: float = 60.0   # give up settling after this long (the record says so)
+  http_timeout_s: float = 30.0     # one admin API request
+  work_root: str | None = None     # per-rollout dirs (workspace, HOME, output); None: system temp
+  keep_dirs: bool = False          # keep the workspace, HOME and harness output after the rollout
+  output_tail_chars: int = 4000    # of the harness's stdout/stderr kept in the record's `extra`
+  harness: HarnessOptions = HarnessOptions()
+  sandbox: sandbox.SandboxConfig = sandbox.SandboxConfig()
+  scoring: ScoringConfig = ScoringConfig()
+  judge: JudgeConfig | None = None  # rubric judge for hybrid tasks; None: code score only
+
+
+@dataclasses.dataclass
+class RolloutOutcome:
+  record: RolloutRecord
+  rollout_dir: pathlib.Path | None  # None once removed (keep_dirs=False)
+  calls: list[dict[str, Any]]       # the shim's per-call summaries at finish
+
+
+class ShimError(RuntimeError):
+  pass
+
+
+class ShimClient:
+  """The shim's admin API over HTTP."""
+
+  def __init__(self, url: str, timeout_s: float):
+    self.url, self.timeout_s = url.rstrip("/"), timeout_s
+
+  def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(self.url + path, data=data, method=method,
+                                 headers={"content-type": "application/json"})
+    try:
+      with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+        return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+      raise ShimError(f"{method} {path}: HTTP {e.code}: {e.read()[:500]!r}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+      raise ShimError(f"{method} {path}: {e}") from None
+
+  def create(self, task_id: str, harness: str, rollout_id: str) -> dict[str, Any]:
+    return self._request("POST", "/rollouts",
+                         {"task_id": task_id, "harness": harness, "rollout_id": rollout_id})
+
+  def get(self, rollout_id: str) -> dict[str, Any]:
+    return self._request("GET", f"/rollouts/{rollout_id}")
+
+  def finish(self, rollout_id: str) -> dict[str, Any]:
+    return self._request("POST", f"/rollouts/{rollout_id}/finish", {})
+
+
+def settle(client: ShimClient, rollout_id: str, config: RolloutConfig) -> tuple[dict[str, Any], bool]:
+  """Polls until (call count, in flight) is unchanged with nothing in flight over `settle_checks`
+  polls; returns (last summary, settled?)."""
+  deadline = time.monotonic() + config.settle_timeout_s
+  last, same = None, 0
+  while True:
+    summary = client.get(rollout_id)
+    state = (len(summary.get("calls", [])), summary.get("inflight", 0))
+    same = same + 1 if state == last and state[1] == 0 else 0
+    last = state
+    if same >= config.settle_checks:
+      return summary, True
+    if time.monotonic() >= deadline:
+      return summary, False
+    time.sleep(config.settle_interval_s)
+
+
+def _tail(path: pathlib.Path, n: int) -> str:
+  text = path.read_text(errors="replace") if path.exists() else ""
+  return text[-n:]
+
+
+def _status(run: sandbox.SandboxResult, calls: list[dict[str, Any]]) -> tuple[str, str | None]:
+  if run.timed_out:
+    return "timeout", f"harness ran past its timeout ({run.wall_s:.0f} s)"
+  if not calls:
+    return "failed", f"the harness made no model call (exit {run.returncode})"
+  if run.returncode != 0 and calls[-1].get("status") != "ok":
+    return "failed", f"the harness exited {run.returncode} after a failed call"
+  return "ok", None
+
+
+def task_source_path(task: Task) -> pathlib.Path:
+  """The file or directory a task was loaded from (its checker is in there): "file.jsonl:12" is the
+  file, a directory task's `data_entry.json` stands for its directory."""
+  path, sep, line = task.source.rpartition(":")
+  p = pathlib.Path(path if sep and line.isdigit() else task.source).resolve()
+  return p.parent if p.name == "data_entry.json" else p
+
+
+def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: RolloutConfig,
+                writer: CallLogWriter | None = None, rollout_id: str | None = None) -> RolloutOutcome:
+  """Runs one rollout; never raises for a harness, sandbox or shim failure (they become the status)."""
+  adapter = get_adapter(harness) if isinstance(harness, str) else harness
+  rollout_id = rollout_id or f"r-{secrets.token_hex(8)}"
+  client = ShimClient(shim_url, config.http_timeout_s)
+  root = pathlib.Path(config.work_root or tempfile.gettempdir()) / "clawjax-rollouts"
+  rollout_dir = root / rollout_id
+  rollout_dir.mkdir(parents=True)
+  extra: dict[str, Any] = {"task_source": task.source}
+  calls: list[dict[str, Any]] = []
+  status, reward, registered, finished = "failed", None, False, False
+  t0 = time.time()
+  try:
+    info = client.create(task.task_id, adapter.harness, rollout_id)
+    registered = True
+    workspace = make_workspace(task, rollout_dir)
+    home = rollout_dir / "home"
+    home.mkdir()
+    cmd = adapter.command(info["base_url"], info["api_key"], task.prompt, home, config.harness)
+    port = urllib.parse.urlsplit(info["base_url"]).port
+    run = sandbox.run(sandbox.SandboxSpec(
+        argv=cmd.argv, workspace=workspace, home=home, env=cmd.env, timeout_s=config.timeout_s,
+        stdout_path=rollout_dir / "stdout.txt", stderr_path=rollout_dir / "stderr.txt",
+        ro_paths=cmd.ro_paths, loopback_ports=[port] if port else [],
+        workspace_mount=task.mount_dir, hidden_paths=[task_source_path(task)]), config.sandbox)
+    extra.update(exit_code=run.returncode, harness_wall_s=round(run.wall_s, 3), sandbox=run.sandbox,
+                 network=run.network, sandbox_fallback=run.fallback_reason)
+    stdout = _tail(rollout_dir / "stdout.txt", 1 << 20)
+    extra["harness_result"] = adapter.result(stdout)
+    extra["stdout_tail"] = stdout[-config.output_tail_chars:]
+    extra["stderr_tail"] = _tail(rollout_dir / "stderr.txt", config.output_tail_chars)
+    _, extra["settled"] = settle(client, rollout_id, config)
+    calls = client.finish(rollout_id).get("calls", [])
+    finished = True
+    extra["n_calls"] = len(calls)
+    extra["log_path"] = info.get("log_path")
+    status, reason = _status(run, calls)
+    if reason:
+      extra["reason"] = reason
+    if status == "ok":
+      transcript = adapter.transcript(home)
+      extra["transcript_events"] = len(transcript)
+      result = score(task, workspace, config=config.scoring, judge=config.judge,
+                     transcript=transcript)
+      extra["score"] = {k: v for k, v in result.to_json().items() if k != "details"}
+      reward = result.final_score
+      if reward is None:
+        status, extra["reason"] = "error", f"no score: {result.error or 'rubric not judged'}"
+  except (ShimError, sandbox.SandboxError, InstallError, OSError) as e:
+    status, reward = "failed", None
+    extra["reason"] = f"{type(e).__name__}: {e}"
+    log.warning("rollout %s (%s, %s) failed: %s", rollout_id, task.task_id, adapter.name, e)
+    if registered and not finished:
+      try:  # stop the shim routing to it; its log stays as evidence
+        client.finish(rollout_id)
+      except ShimError:
+        pass
+  extra["wall_s"] = round(time.time() - t0, 3)
+  record = RolloutRecord(rollout_id=rollout_id, task_id=task.task_id, harness=adapter.harness,
+                         reward=reward, status=status, extra=extra)
+  if writer is not None:
+    writer.write(record)
+  if not config.keep_dirs:
+    shutil.rmtree(rollout_dir, ignore_errors=True)
+  return RolloutOutcome(record, rollout_dir if config.keep_dirs else None, calls)
+
+
+def run_rollouts(shim_url: str, jobs: Sequence[tuple[Task, str]], config: RolloutConfig,
+                 writer: CallLogWriter | None = None, concurrency: int = 4,
+                 on_done: Callable[[RolloutOutcome], None] | None = None) -> list[RolloutOutcome]:
+  """Runs (task, harness) jobs `concurrency` at a time; outcomes in job order. Logs status counts."""
+  with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
+    futures = [pool.submit(run_rollout, shim_url, task, h, config, writer) for task, h in jobs]
+    for fut in concurrent.futures.as_completed(futures):
+      if on_done is not None:
+        on_done(fut.result())
+    outcomes = [f.result() for f in futures]
+  counts = Counter(o.record.status for o in outcomes)
+  log.info("rollouts: %s", dict(counts))
+  return outcomes

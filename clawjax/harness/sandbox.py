@@ -1,0 +1,214 @@
+"""Runs a harness command isolated with bubblewrap, or says plainly that it could not.
+
+With bubblewrap (`apt-get install -y bubblewrap`) the command sees a minimal root: the system
+directories and the paths it needs (its install dir, the Python running clawjax) read-only, its
+workspace and a throwaway HOME writable, a fresh /tmp, its own PID namespace, and its own network
+namespace holding only a loopback interface. The shim's ports are relayed into that loopback through
+Unix sockets (see relay.py), so the harness reaches the shim at its usual 127.0.0.1 URL and nothing else:
+no outside network, no other local service. Nothing of the host's file tree outside those paths exists
+for it (task checkers, call logs, other rollouts' workspaces).
+
+Without bubblewrap, or when it cannot create namespaces here, `mode="auto"` falls back to a plain
+subprocess in its own process group, with a warning in the log and `SandboxResult.sandbox == "none"`:
+the workspace is then only the working directory, the file system and network are the host's.
+
+On timeout the whole process group is killed (SIGKILL); under bubblewrap the PID namespace guarantees
+that every descendant dies with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+from clawjax.harness import relay
+
+log = logging.getLogger(__name__)
+
+# Read-only inside every sandbox when they exist on the host: what dynamically linked programs,
+# shells, CA bundles and DNS configuration live in.
+SYSTEM_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+_RELAY_DIR = "/run/clawjax-relay"
+
+
+class SandboxError(RuntimeError):
+  """bubblewrap was required (mode="bwrap") but cannot run here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  # "auto": bubblewrap when it works here, else a plain subprocess (logged, and recorded in the
+  # result); "bwrap": bubblewrap or an error; "none": always a plain subprocess.
+  mode: str = "auto"
+  # Give the sandbox its own network namespace (loopback only, shim ports relayed in). False shares
+  # the host's network: every address is reachable.
+  isolate_network: bool = True
+  # Extra host paths visible read-only inside, beyond SYSTEM_RO_PATHS and the per-run paths.
+  extra_ro_paths: tuple[str, ...] = ()
+  # Host paths that must not be readable inside even when under a visible path (besides the per-run
+  # `SandboxSpec.hidden_paths` and clawjax's bundled task data): each is replaced by an empty one.
+  extra_hidden_paths: tuple[str, ...] = ()
+  # Grace between SIGTERM and SIGKILL when a run times out.
+  kill_grace_s: float = 2.0
+
+  def __post_init__(self):
+    if self.mode not in ("auto", "bwrap", "none"):
+      raise ValueError(f"SandboxConfig.mode: {self.mode!r} is not one of 'auto', 'bwrap', 'none'")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSpec:
+  """One command to run: `argv` in `workspace` with `env` (nothing of the caller's env leaks in)."""
+  argv: Sequence[str]
+  workspace: pathlib.Path
+  home: pathlib.Path
+  env: dict[str, str]
+  timeout_s: float
+  stdout_path: pathlib.Path
+  stderr_path: pathlib.Path
+  ro_paths: Sequence[pathlib.Path] = ()  # host paths the command needs to read (install dirs)
+  loopback_ports: Sequence[int] = ()     # 127.0.0.1 ports reachable from inside (the shim)
+  # Where the workspace appears inside a bwrap sandbox (a task's mount dir, e.g.
+  # /root/.openclaw/workspace); None: at its host path. A plain subprocess always uses the host path.
+  workspace_mount: str | None = None
+  # Host paths shown empty inside (a task's source, which holds its checker).
+  hidden_paths: Sequence[pathlib.Path] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+  returncode: int | None   # None when killed on timeout
+  timed_out: bool
+  wall_s: float
+  sandbox: str             # "bwrap" or "none"
+  network: str             # "loopback-relay" (only the relayed ports), "host" (everything)
+  fallback_reason: str | None  # why a "none" sandbox was used, when it was not asked for
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+  """None when bubblewrap can create the namespaces used here; else the reason it cannot."""
+  exe = shutil.which("bwrap")
+  if exe is None:
+    return "bwrap not found on PATH (Debian: apt-get install -y bubblewrap)"
+  try:
+    proc = subprocess.run([exe, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+                          capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.TimeoutExpired) as e:
+    return f"bwrap probe failed: {e}"
+  if proc.returncode != 0:
+    return f"bwrap cannot create namespaces here: {proc.stderr.strip()[-500:]}"
+  return None
+
+
+def _clawjax_dir() -> pathlib.Path:
+  import clawjax
+  return pathlib.Path(clawjax.__file__).resolve().parent
+
+
+def python_ro_paths() -> list[pathlib.Path]:
+  """What a sandbox needs to run `sys.executable -m clawjax...`: the interpreter, the venv, clawjax."""
+  return [pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix), _clawjax_dir()]
+
+
+def _hide(paths: Sequence[os.PathLike | str]) -> list[str]:
+  """bwrap arguments replacing each existing path by an empty directory or file."""
+  argv = []
+  for p in _existing(paths):
+    argv += ["--tmpfs", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
+  return argv
+
+
+def _existing(paths: Sequence[os.PathLike | str]) -> list[str]:
+  return [os.fspath(p) for p in dict.fromkeys(map(os.fspath, paths)) if os.path.exists(p)]
+
+
+def _bwrap_argv(spec: SandboxSpec, env: dict[str, str], config: SandboxConfig,
+                relay_dir: str | None) -> list[str]:
+  argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+  if not config.isolate_network:
+    argv.append("--share-net")
+  for p in _existing([*SYSTEM_RO_PATHS, *config.extra_ro_paths, *python_ro_paths(), *spec.ro_paths]):
+    argv += ["--ro-bind", p, p]
+  # Task data bundled with clawjax holds checkers: never visible to the harness.
+  argv += _hide([_clawjax_dir() / "data", *config.extra_hidden_paths, *spec.hidden_paths])
+  argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+  inside_ws = spec.workspace_mount or str(spec.workspace)
+  argv += ["--bind", str(spec.home), str(spec.home), "--bind", str(spec.workspace), inside_ws]
+  if relay_dir is not None:
+    argv += ["--bind", relay_dir, _RELAY_DIR]
+  for k, v in env.items():
+    argv += ["--setenv", k, v]
+  argv += ["--chdir", inside_ws, "--"]
+  if relay_dir is not None:
+    argv += [sys.executable, "-P", "-m", "clawjax.harness.relay"]  # -P: the workspace never shadows
+    argv += [f"--port={p}={_RELAY_DIR}/{p}.sock" for p in spec.loopback_ports]
+    argv.append("--")
+  return argv + list(spec.argv)
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
+  for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+    try:
+      os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+      return
+    try:
+      proc.wait(wait_s)
+      return
+    except subprocess.TimeoutExpired:
+      continue
+
+
+def run(spec: SandboxSpec, config: SandboxConfig = SandboxConfig()) -> SandboxResult:
+  """Runs `spec` to completion or timeout; stdout/stderr go to the spec's files."""
+  fallback_reason = None
+  use_bwrap = config.mode != "none"
+  if use_bwrap and (problem := bwrap_problem()):
+    if config.mode == "bwrap":
+      raise SandboxError(f"SandboxConfig.mode='bwrap' but {problem}")
+    fallback_reason = problem
+    use_bwrap = False
+    log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", problem)
+  env = {"HOME": str(spec.home), **spec.env}
+  # Relay only when the network is isolated; a shared network reaches the shim directly.
+  relayed = use_bwrap and config.isolate_network and bool(spec.loopback_ports)
+  with ExitStack() as stack:
+    relay_dir = None
+    if relayed:
+      relay_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="clawjax-relay-"))
+      for port in spec.loopback_ports:
+        stack.enter_context(relay.UnixToTcp(f"{relay_dir}/{port}.sock", port))
+    if use_bwrap:
+      argv, cwd, proc_env = _bwrap_argv(spec, env, config, relay_dir), None, {"PATH": os.environ["PATH"]}
+    else:
+      argv, cwd, proc_env = list(spec.argv), str(spec.workspace), env
+    t0 = time.monotonic()
+    with open(spec.stdout_path, "wb") as out, open(spec.stderr_path, "wb") as err:
+      proc = subprocess.Popen(argv, cwd=cwd, env=proc_env, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=err, start_new_session=True)
+      timed_out = False
+      try:
+        proc.wait(spec.timeout_s)
+      except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc, config.kill_grace_s)
+      except BaseException:
+        _kill_group(proc, 0.0)
+        raise
+  return SandboxResult(
+      returncode=None if timed_out else proc.returncode, timed_out=timed_out,
+      wall_s=time.monotonic() - t0, sandbox="bwrap" if use_bwrap else "none",
+      network="loopback-relay" if use_bwrap and config.isolate_network else "host",
+      fallback_reason=fallback_reason)

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Installs the real agent harnesses (Claude Code, OpenClaw + Node 24) from the npm registry into the
+# clawjax cache ($CLAWJAX_CACHE, default ~/.cache/clawjax/harnesses), pinned; a second run does nothing.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+cd "$ROOT"
+exec python -m clawjax.harness.install "$@"

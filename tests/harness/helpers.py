@@ -1,0 +1,40 @@
+"""Shared helpers: the real shim (in-process, scripted backend standing for the model), the fixture
+task's checker, and reading a rollout's call log back as a filtered tree."""
+
+import contextlib
+import json
+
+from clawjax import calllog
+from clawjax.serving.backends.scripted import ScriptedBackend
+from clawjax.serving.server import ShimConfig, ShimThread
+from clawjax.tree.filters import filter_rollout
+
+CHECKER = """import json, pathlib, sys
+ws = pathlib.Path(sys.argv[1])
+f = ws / "hello.txt"
+print(json.dumps({"exists": float(f.is_file()),
+                  "content": float(f.is_file() and f.read_text().strip() == "hello")}))
+"""
+
+
+def start_shim(stack: contextlib.ExitStack, template, log_dir, script, failures=None, **config):
+  """A started ShimThread on the scripted backend, stopped when `stack` closes."""
+  backend = ScriptedBackend(template, script, failures=failures)
+  cfg = ShimConfig(log_dir=str(log_dir), **config)
+  return stack.enter_context(ShimThread(cfg, backend, template))
+
+
+def load_rollout(log_dir, rollout_id):
+  """(calls, rollout record, filtered tree) of one rollout, through the public loader."""
+  log = calllog.load(log_dir)
+  assert not log.problems, log.problems
+  calls = log.calls.get(rollout_id, [])
+  return calls, log.rollouts.get(rollout_id), filter_rollout(rollout_id, calls)
+
+
+def decode_input(template, ids) -> str:
+  return template.tokenizer.decode(list(ids))
+
+
+def dumps(obj) -> str:
+  return json.dumps(obj, indent=1)[:4000]

@@ -1,0 +1,154 @@
+"""The sandbox: isolation under bubblewrap (files, network, process lifetime) and the honest fallback."""
+
+import http.server
+import logging
+import os
+import pathlib
+import socket
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from clawjax.harness import sandbox
+
+needs_bwrap = pytest.mark.skipif(sandbox.bwrap_problem() is not None,
+                                 reason=f"bubblewrap unusable: {sandbox.bwrap_problem()}")
+
+
+@pytest.fixture
+def dirs(tmp_path):
+  ws, home = tmp_path / "ws", tmp_path / "home"
+  ws.mkdir()
+  home.mkdir()
+  return tmp_path, ws, home
+
+
+@pytest.fixture
+def http_server():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+  srv.RequestHandlerClass.log_message = lambda *a: None
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  yield srv.server_address[1]
+  srv.shutdown()
+
+
+def _run(dirs, code, config=sandbox.SandboxConfig(), **kw):
+  tmp, ws, home = dirs
+  spec = sandbox.SandboxSpec(argv=[sys.executable, "-c", textwrap.dedent(code)], workspace=ws,
+                             home=home, env={"PATH": "/usr/bin:/bin"}, timeout_s=kw.pop("timeout_s", 60),
+                             stdout_path=tmp / "out", stderr_path=tmp / "err", **kw)
+  result = sandbox.run(spec, config)
+  return result, (tmp / "out").read_text(), (tmp / "err").read_text()
+
+
+@needs_bwrap
+def test_bwrap_files_and_network_isolation(dirs, http_server):
+  tmp, ws, home = dirs
+  secret = tmp / "checker.py"  # next to the workspace on the host, like a task's reward files
+  secret.write_text("SECRET")
+  other = socket.socket()
+  other.bind(("127.0.0.1", 0))
+  other.listen()
+  other_port = other.getsockname()[1]
+  code = f"""
+    import os, socket, urllib.request, pathlib
+    def connects(port):
+      s = socket.socket(); s.settimeout(3)
+      try:
+        s.connect(("127.0.0.1", port)); return True
+      except OSError:
+        return False
+    print("shim", urllib.request.urlopen("http://127.0.0.1:{http_server}/", timeout=10).status)
+    print("other", connects({other_port}))
+    pathlib.Path("made.txt").write_text("x")
+    pathlib.Path(os.environ["HOME"], "h.txt").write_text("x")
+    for p in ["/usr/evil", "{tmp}/evil"]:
+      try:
+        open(p, "w"); print("wrote", p)
+      except OSError:
+        print("refused", p)
+    print("secret", os.path.exists("{secret}"),
+          "tests", os.path.exists("{pathlib.Path(__file__).parent}"))
+    print("cwd", os.getcwd())
+  """
+  result, out, err = _run(dirs, code, loopback_ports=[http_server], workspace_mount="/mnt/ws")
+  other.close()
+  assert result.returncode == 0, err
+  assert (result.sandbox, result.network, result.fallback_reason) == ("bwrap", "loopback-relay", None)
+  lines = out.split("\n")
+  assert "shim 200" in lines
+  assert "other False" in lines  # a loopback port that was not relayed is unreachable
+  assert "refused /usr/evil" in lines
+  assert not (tmp / "evil").exists()  # /tmp inside is a throwaway tmpfs, not the host's
+  assert "secret False tests False" in lines
+  assert "cwd /mnt/ws" in lines
+  assert (ws / "made.txt").exists() and (home / "h.txt").exists()
+  # Outside addresses: a fresh network namespace has no route at all.
+  result, out, _ = _run(dirs, """
+    import socket
+    s = socket.socket(); s.settimeout(3)
+    try:
+      s.connect(("1.1.1.1", 80)); print("outside reachable")
+    except OSError as e:
+      print("outside", e.errno)
+  """)
+  assert "outside reachable" not in out
+
+
+@pytest.mark.parametrize("mode", ["auto", "none"])
+def test_timeout_kills_process_group(dirs, mode):
+  code = """
+    import subprocess, time
+    kids = [subprocess.Popen(["sleep", "317"]) for _ in range(2)]
+    time.sleep(300)
+  """
+  t0 = time.monotonic()
+  result, _, _ = _run(dirs, code, sandbox.SandboxConfig(mode=mode, kill_grace_s=0.5), timeout_s=3)
+  assert result.timed_out and result.returncode is None
+  assert time.monotonic() - t0 < 30
+  # The grandchildren die too (the kernel reaps a PID namespace asynchronously: poll briefly).
+  deadline = time.monotonic() + 10
+  while _alive("sleep 317") and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert not _alive("sleep 317")
+
+
+def _alive(cmdline: str) -> bool:
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = f.read().replace(b"\0", b" ").decode()
+      with open(f"/proc/{pid}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+      continue
+    if cmdline in cmd and state != "Z":
+      return True
+  return False
+
+
+def test_plain_subprocess_fallback_is_reported(dirs, http_server):
+  result, out, err = _run(dirs, f"""
+    import os, urllib.request
+    print(urllib.request.urlopen("http://127.0.0.1:{http_server}/", timeout=10).status, os.getcwd(),
+          os.environ["HOME"], "LEAK" in os.environ)
+  """, sandbox.SandboxConfig(mode="none"), loopback_ports=[http_server])
+  tmp, ws, home = dirs
+  assert result.returncode == 0, err
+  assert (result.sandbox, result.network) == ("none", "host")
+  assert out.split() == ["200", str(ws), str(home), "False"]
+
+
+def test_auto_mode_falls_back_loudly_when_bwrap_cannot_run(dirs, monkeypatch, caplog):
+  monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not found on PATH")
+  with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+    result, out, _ = _run(dirs, "import os; print(os.getcwd())")
+  assert (result.sandbox, result.network) == ("none", "host")
+  assert result.fallback_reason == "bwrap not found on PATH"
+  assert "falling back to a plain subprocess" in caplog.text
+  assert out.strip() == str(dirs[1])
+  with pytest.raises(sandbox.SandboxError, match="bwrap not found"):
+    _run(dirs, "pass", sandbox.SandboxConfig(mode="bwrap"))
