@@ -1,0 +1,9 @@
+"""Benchmark evaluation (experiments/eval.py) and the paper's Table 1 (experiments/tables.py).
+
+config.py   the typed EvalConfig, built from an ml_collections ConfigDict (configs/eval/*.py)
+runner.py   run_eval: tasks through a harness against the shim, resumable, per-task results
+results.py  the results JSONL record (`clawjax.eval/1`)
+summary.py  scores per benchmark and category (mean final score in percent)
+report.py   run directories, Table 1 assembly next to the paper's numbers (paper.py), summaries
+table.py    Markdown / CSV rendering
+"""

@@ -1,0 +1,78 @@
+"""ConfigDict -> EvalConfig: the shipped configs build; bad fields are errors naming their path."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from clawjax.evaluation.config import ConfigError, eval_config
+from clawjax.evaluation.runner import rollout_config
+from clawjax.tasks import load_tasks
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS, FIXTURES = REPO / "configs" / "eval", REPO / "tests" / "fixtures" / "tasks"
+
+
+def _load(name, *arg):
+  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*arg)
+
+
+def test_paper_config_needs_tasks_and_model_then_builds():
+  c = _load("clawgym_bench")
+  with pytest.raises(ConfigError, match=r"config.tasks: must be set"):
+    eval_config(c)
+  c.tasks = "bench/"
+  with pytest.raises(ConfigError, match=r"config.engine.model: required"):
+    eval_config(c)
+  c.engine.model = "/models/Qwen3-30B-A3B"
+  cfg = eval_config(c)
+  assert (cfg.shim.max_context, cfg.shim.max_new_tokens, cfg.rollout.harness.max_turns) == \
+      (65536, 8192, 50)
+  assert cfg.rollout.judge is None and cfg.label == "Qwen3-30B-A3B"
+  c.rollout.judge.url, c.rollout.judge.model = "http://judge/v1", "judge-model"
+  judge = eval_config(c).rollout.judge
+  assert (judge.url, judge.code_weight, judge.rubric_weight) == ("http://judge/v1", 0.7, 0.3)
+
+
+def test_paper_config_for_pinchbench():
+  c = _load("clawgym_bench", "pinchbench")
+  c.tasks, c.engine.model = "skill/tasks", "m"
+  cfg = eval_config(c)
+  assert (cfg.benchmark, cfg.task_timeouts) == ("PinchBench", True)
+  with pytest.raises(ValueError, match="expected one of"):
+    _load("clawgym_bench", "swebench")
+
+
+def test_toy_config_builds():
+  cfg = eval_config(_load("toy_cpu"))
+  assert (cfg.harness, cfg.engine.backend, cfg.engine.model) == ("mini", "embedded", "smollm2-135m")
+  assert cfg.engine.options == {"max_slots": 2, "max_seq_len": 4096}
+  assert eval_config({"tasks": "t/", "engine": {"model": "m"},
+                      "task_ids": ("a, b", "c")}).task_ids == ("a", "b", "c")  # as flags give it
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"rollout": {"harness": {"max_turn": 3}}},
+     r"config.rollout.harness: unknown field\(s\) \['max_turn'\]"),
+    ({"rollout": {"timeout_s": "long"}}, r"config.rollout.timeout_s: expected float, got str"),
+    ({"concurrency": 0}, r"config.concurrency: must be >= 1"),
+    ({"harness": "codex"}, r"config.harness: not one of"),
+    ({"rollout": {"judge": {"url": "http://judge/v1"}}},
+     r"config.rollout.judge: \['model'\] must be set"),
+    ({"rollout": {"sandbox": {"mode": "docker"}}}, r"config.rollout.sandbox: .*mode"),
+])
+def test_bad_fields_name_their_path(section, message):
+  with pytest.raises(ConfigError, match=message):
+    eval_config({"tasks": "t/", "engine": {"model": "m"}, **section})
+
+
+def test_task_timeouts_use_the_tasks_own_wall_clock():
+  [task] = load_tasks(FIXTURES / "pinchbench" / "tasks")
+  assert task.timeout_s == 120  # the fixture's timeout_seconds
+  base = {"tasks": "t/", "engine": {"model": "m"}, "rollout": {"timeout_s": 900.0}}
+  off = rollout_config(eval_config(base), task)
+  on = rollout_config(eval_config({**base, "task_timeouts": True}), task)
+  assert (off.timeout_s, on.timeout_s, on.harness.timeout_s) == (900.0, 120.0, 120.0)
