@@ -1,0 +1,187 @@
+"""Tree attention: GQA self-attention over the tree-packed layout of clawjax/tree/batch.py.
+
+Mask rule: key j is visible to query i iff segment[i] == segment[j] != 0 and j <= i < subtree_end[j].
+The mask is only ever formed on device from the [B, T] arrays, never as a host-side [T, T] array.
+
+Kernels live in `KERNELS` (name -> function, chosen by `ModelConfig.attention_impl`):
+  "dense":   reference; materialises [B, N, T, T] scores on device.
+  "blocked": online softmax over key blocks (flash-attention style) with memory O(T * block) forward
+             and, through rematerialisation, per query block in the backward pass; key blocks that no
+             query of the block can see (after the queries, subtrees ended before them, other segments)
+             are skipped with `lax.cond`.
+TPU hook: a Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) would be
+registered here with `register_kernel("splash", fn)`. It takes the same arguments; the tree mask is not
+one of splash's static masks, so it would be passed as segment ids plus a per-block "any visible" table
+computed from `subtree_end` (what `block_needed` computes here).
+
+Engine hook: `Attention.project_qkv` / `Attention.project_out` expose the projections around the kernel,
+and `tree_mask` / `masked_attention` take queries and keys of different lengths (a KV cache) with the
+queries at explicit row indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from clawjax.models.config import ModelConfig
+from clawjax.models.layers import RMSNorm, apply_rope, constrain, param
+
+_NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN
+
+
+def tree_mask(q_index_BT: jax.Array, q_segment_BT: jax.Array, k_segment_BS: jax.Array,
+              k_subtree_end_BS: jax.Array, k_start: jax.Array | int = 0) -> jax.Array:
+  """[B, T, S] bool: is key s (row index k_start + s) visible to the query at row index q_index[t]?"""
+  k_index_11S = (k_start + jnp.arange(k_segment_BS.shape[1]))[None, None, :]
+  q_index_BT1 = q_index_BT[:, :, None]
+  same = (q_segment_BT[:, :, None] == k_segment_BS[:, None, :]) & (q_segment_BT[:, :, None] != 0)
+  return same & (k_index_11S <= q_index_BT1) & (q_index_BT1 < k_subtree_end_BS[:, None, :])
+
+
+def masked_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
+  """Softmax attention with GQA under an explicit mask; rows with no visible key give 0."""
+  b, t, n, h = q_BTNH.shape
+  kv = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
+  scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * h ** -0.5
+  mask_B11TS = mask_BTS[:, None, None]
+  probs_BKGTS = jnp.where(mask_B11TS, jax.nn.softmax(jnp.where(mask_B11TS, scores_BKGTS, _NEG), axis=-1), 0.0)
+  out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS.astype(v_BSKH.dtype), v_BSKH)
+  return out_BTKGH.reshape(b, t, n, h)
+
+
+def dense_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
+  """The kernel signature: q [B, T, N, H], k/v [B, T, K, H] (after RoPE), the row's segment ids and
+  subtree ends [B, T] -> o [B, T, N, H]. `block` is the tiling hint (unused here)."""
+  del block
+  b, t = segment_ids_BT.shape
+  q_index_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
+  mask_BTT = tree_mask(q_index_BT, segment_ids_BT, segment_ids_BT, subtree_end_BT)
+  return masked_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT)
+
+
+def block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block: int) -> jax.Array:
+  """Scalar bool: can any query of the block see any key of the block (conservative, in some row)?"""
+  big = jnp.iinfo(jnp.int32).max
+  q_lo = jnp.min(jnp.where(q_seg_BQ > 0, q_seg_BQ, big), axis=1)
+  q_hi = jnp.max(q_seg_BQ, axis=1)
+  k_lo = jnp.min(jnp.where(k_seg_BK > 0, k_seg_BK, big), axis=1)
+  k_hi = jnp.max(k_seg_BK, axis=1)
+  segments_overlap_B = (q_lo <= k_hi) & (k_lo <= q_hi)
+  subtree_reaches_B = jnp.max(k_end_BK, axis=1) > q_start
+  return (k_start < q_start + block) & jnp.any(segments_overlap_B & subtree_reaches_B)
+
+
+def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
+  """Same contract as `dense_attention`: an outer map over query blocks, an inner scan over key blocks
+  with running (max, normaliser, accumulator); both bodies rematerialised in the backward pass."""
+  b, t, n, h = q_BTNH.shape
+  kv = k_BTKH.shape[2]
+  g = n // kv
+  pad = -t % block
+  if pad:  # padded positions get segment 0: invisible, and their outputs are sliced off
+    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+    q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH))
+    segment_ids_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, pad)))
+    subtree_end_BT = jnp.pad(subtree_end_BT, ((0, 0), (0, pad)))
+  nb = (t + pad) // block
+  scale = h ** -0.5
+  # Leading block axis for scan/map: [nb, B, block, ...].
+  q_nBQKGH = q_BTNH.reshape(b, nb, block, kv, g, h).swapaxes(0, 1)
+  k_nBKKH = k_BTKH.reshape(b, nb, block, kv, h).swapaxes(0, 1)
+  v_nBKKH = v_BTKH.reshape(b, nb, block, kv, h).swapaxes(0, 1)
+  seg_nBQ = segment_ids_BT.reshape(b, nb, block).swapaxes(0, 1)
+  end_nBQ = subtree_end_BT.reshape(b, nb, block).swapaxes(0, 1)
+  starts_n = jnp.arange(nb) * block
+  offsets = jnp.arange(block)
+
+  @jax.checkpoint
+  def one_query_block(args):
+    q_start, q_BQKGH, q_seg_BQ = args
+    q_index_BQ = jnp.broadcast_to(q_start + offsets, (b, block))
+
+    @jax.checkpoint
+    def kv_step(carry, kv_args):
+      k_start, k_BKKH, v_BKKH, k_seg_BK, k_end_BK = kv_args
+
+      def update(carry):
+        m_BKGQ, l_BKGQ, acc_BKGQH = carry
+        mask_B11QK = tree_mask(q_index_BQ, q_seg_BQ, k_seg_BK, k_end_BK, k_start)[:, None, None]
+        s_BKGQK = jnp.einsum("bqkgh,bskh->bkgqs", q_BQKGH, k_BKKH, preferred_element_type=jnp.float32) * scale
+        s_BKGQK = jnp.where(mask_B11QK, s_BKGQK, _NEG)
+        m_new = jnp.maximum(m_BKGQ, jnp.max(s_BKGQK, axis=-1))
+        p_BKGQK = jnp.where(mask_B11QK, jnp.exp(s_BKGQK - m_new[..., None]), 0.0)
+        correction = jnp.exp(m_BKGQ - m_new)
+        l_new = l_BKGQ * correction + jnp.sum(p_BKGQK, axis=-1)
+        pv = jnp.einsum("bkgqs,bskh->bkgqh", p_BKGQK.astype(v_BKKH.dtype), v_BKKH,
+                        preferred_element_type=jnp.float32)
+        return m_new, l_new, acc_BKGQH * correction[..., None] + pv
+
+      needed = block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block)
+      return jax.lax.cond(needed, update, lambda c: c, carry), None
+
+    init = (jnp.full((b, kv, g, block), _NEG, jnp.float32), jnp.zeros((b, kv, g, block), jnp.float32),
+            jnp.zeros((b, kv, g, block, h), jnp.float32))
+    (_, l_BKGQ, acc_BKGQH), _ = jax.lax.scan(kv_step, init, (starts_n, k_nBKKH, v_nBKKH, seg_nBQ, end_nBQ))
+    out_BKGQH = acc_BKGQH / jnp.where(l_BKGQ > 0, l_BKGQ, 1.0)[..., None]
+    return jnp.einsum("bkgqh->bqkgh", out_BKGQH).astype(q_BQKGH.dtype)
+
+  out_nBQKGH = jax.lax.map(one_query_block, (starts_n, q_nBQKGH, seg_nBQ))
+  return out_nBQKGH.swapaxes(0, 1).reshape(b, t + pad, n, h)[:, :t]
+
+
+Kernel = Callable[..., jax.Array]
+KERNELS: dict[str, Kernel] = {"dense": dense_attention, "blocked": blocked_attention}
+
+
+def register_kernel(name: str, kernel: Kernel) -> None:
+  """Adds an attention kernel (same signature as `dense_attention`) selectable by `attention_impl`."""
+  KERNELS[name] = kernel
+
+
+class Attention(nnx.Module):
+  """GQA self-attention with optional q/k RMSNorm (Qwen3) and RoPE at `positions` (tree depth).
+
+  Engine API (stable): `project_qkv(x_BTD, positions_BT) -> (q_BTNH, k_BTKH, v_BTKH)` after q/k-norm and
+  RoPE; `project_out(o_BTNH) -> y_BTD`. A KV-cache engine stores k/v, attends with `masked_attention`,
+  and projects out.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    if cfg.attention_impl not in KERNELS:
+      raise ValueError(f"ModelConfig.attention_impl={cfg.attention_impl!r}: registered kernels are {sorted(KERNELS)}")
+    self.cfg = cfg
+    d, n, kv, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    self.q_proj = param(rngs, (d, n, h), ("embed", "heads", "head_dim"), cfg.param_dtype)
+    self.k_proj = param(rngs, (d, kv, h), ("embed", "kv_heads", "head_dim"), cfg.param_dtype)
+    self.v_proj = param(rngs, (d, kv, h), ("embed", "kv_heads", "head_dim"), cfg.param_dtype)
+    self.o_proj = param(rngs, (n, h, d), ("heads", "head_dim", "embed"), cfg.param_dtype, fan_in=n * h)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(h, cfg.rms_eps, cfg.param_dtype, ("head_dim",), rngs=rngs)
+      self.k_norm = RMSNorm(h, cfg.rms_eps, cfg.param_dtype, ("head_dim",), rngs=rngs)
+
+  def project_qkv(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    cfg = self.cfg
+    x_BTD = x_BTD.astype(cfg.dtype)
+    q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_proj[...].astype(cfg.dtype))
+    k_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_proj[...].astype(cfg.dtype))
+    v_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_proj[...].astype(cfg.dtype))
+    if cfg.qk_norm:
+      q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
+    q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, cfg.rope_theta), ("batch", "length", "heads", "head_dim"))
+    k_BTKH = constrain(apply_rope(k_BTKH, positions_BT, cfg.rope_theta), ("batch", "length", "kv_heads", "head_dim"))
+    return q_BTNH, k_BTKH, v_BTKH
+
+  def project_out(self, o_BTNH: jax.Array) -> jax.Array:
+    return jnp.einsum("btnh,nhd->btd", o_BTNH.astype(self.cfg.dtype), self.o_proj[...].astype(self.cfg.dtype))
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+               subtree_end_BT: jax.Array) -> jax.Array:
+    q_BTNH, k_BTKH, v_BTKH = self.project_qkv(x_BTD, positions_BT)
+    kernel = KERNELS[self.cfg.attention_impl]
+    o_BTNH = kernel(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, block=self.cfg.attention_block)
+    return self.project_out(o_BTNH)

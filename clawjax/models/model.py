@@ -1,0 +1,94 @@
+"""The decoder (Llama / Qwen3 / Qwen3-MoE) over tree-packed rows.
+
+Public API (stable; the learner and the KV-cache engine build on it):
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
+  logits_BTV = model(tokens_BT, positions_BT, segment_ids_BT, subtree_end_BT)   # float32
+  hidden_BTD = model.hidden(tokens_BT, positions_BT, segment_ids_BT, subtree_end_BT)  # after final norm
+  logits_BTV = model.logits(hidden_BTD)      # vocab projection only: gather hidden at parent_index first
+  x_BTD = model.embed(tokens_BT)
+  for layer in model.layers:                 # DecoderLayer
+    x_BTD = layer(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+    # or piecewise: layer.attn_norm, layer.attn.project_qkv / project_out, layer.mlp_norm, layer.mlp
+  hidden_BTD = model.final_norm(x_BTD)
+Inputs follow clawjax/tree/batch.py: positions are tree depths (RoPE), the mask comes from segment_ids and
+subtree_end. For a plain causal sequence use `causal_inputs`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from clawjax.models.attention import Attention
+from clawjax.models.config import ModelConfig
+from clawjax.models.layers import MLP, RMSNorm, constrain, param
+from clawjax.models.moe import MoE
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(attn_norm(x)), then + mlp(mlp_norm(x)); mlp is `MLP` or `MoE`."""
+
+  def __init__(self, cfg: ModelConfig, layer: int, *, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.param_dtype, ("embed",), rngs=rngs)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.param_dtype, ("embed",), rngs=rngs)
+    self.mlp = MoE(cfg, rngs=rngs) if cfg.is_moe_layer(layer) else MLP(cfg, cfg.mlp_dim, rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+               subtree_end_BT: jax.Array) -> jax.Array:
+    x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT, subtree_end_BT)
+    x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+    return constrain(x_BTD, ("batch", "length", "embed"))
+
+
+def _run_layer(layer: DecoderLayer, *args: jax.Array) -> jax.Array:
+  return layer(*args)
+
+
+_remat_layer = nnx.remat(_run_layer)  # keeps only layer inputs for the backward pass
+
+
+class Decoder(nnx.Module):
+  """Decoder-only LM; see the module docstring for the API."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embedding = param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), cfg.param_dtype,
+                           fan_in=cfg.d_model)  # tied logits of a random model stay O(1)
+    self.layers = nnx.List([DecoderLayer(cfg, i, rngs=rngs) for i in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.param_dtype, ("embed",), rngs=rngs)
+    self.lm_head = None if cfg.tie_embeddings else param(
+        rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype)
+
+  def embed(self, tokens_BT: jax.Array) -> jax.Array:
+    x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(self.cfg.dtype)
+    return constrain(x_BTD, ("batch", "length", "embed"))
+
+  def hidden(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+             subtree_end_BT: jax.Array) -> jax.Array:
+    x_BTD = self.embed(tokens_BT)
+    run = _remat_layer if self.cfg.remat else _run_layer
+    for layer in self.layers:
+      x_BTD = run(layer, x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+    return self.final_norm(x_BTD)
+
+  def logits(self, hidden_BTD: jax.Array) -> jax.Array:
+    """Vocab projection with float32 accumulation and output (log-probs need float32)."""
+    dtype = self.cfg.dtype
+    if self.lm_head is None:
+      return jnp.einsum("...d,vd->...v", hidden_BTD.astype(dtype), self.embedding[...].astype(dtype),
+                        preferred_element_type=jnp.float32)
+    return jnp.einsum("...d,dv->...v", hidden_BTD.astype(dtype), self.lm_head[...].astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+               subtree_end_BT: jax.Array) -> jax.Array:
+    return self.logits(self.hidden(tokens_BT, positions_BT, segment_ids_BT, subtree_end_BT))
+
+
+def causal_inputs(tokens_BT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """(tokens, positions, segment_ids, subtree_end) for plain causal rows: one segment, no padding."""
+  b, t = tokens_BT.shape
+  positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  return tokens_BT, positions_BT, jnp.ones((b, t), jnp.int32), jnp.full((b, t), t, jnp.int32)
