@@ -1,0 +1,60 @@
+"""Orbax checkpoints of the learner: params, optimizer state, step, RNG and the caller's data cursor.
+
+The train state is saved as a flat {path: array} dict (robust to NNX / optax container types) next to the
+cursor, an opaque JSON dict from the caller (e.g. which call-log batches were consumed). Restoring into a
+live `TrainState` reuses its tree structure and shardings, so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from clawjax.rl.learner import TrainState
+from clawjax.sharding import key_name as _key_name
+
+
+def _flat(state: TrainState) -> tuple[dict[str, Any], Any]:
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
+  return {".".join(str(_key_name(k)) for k in path): leaf for path, leaf in leaves}, treedef
+
+
+class Checkpointer:
+  """A CheckpointManager over `directory` keeping the newest `max_to_keep` steps."""
+
+  def __init__(self, directory: str | os.PathLike, max_to_keep: int = 3):
+    # Synchronous saves: the learner saves between steps, and a returned save is on disk.
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
+    self.manager = ocp.CheckpointManager(os.path.abspath(directory), options=options)
+
+  def save(self, state: TrainState, cursor: dict[str, Any] | None = None) -> int:
+    """Saves under the state's step number; returns that step."""
+    step = int(jax.device_get(state.step))
+    flat, _ = _flat(state)
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(flat),
+                                                    cursor=ocp.args.JsonSave(cursor or {})))
+    return step
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def restore(self, like: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+    """(state, cursor) of `step` (default: latest), laid out like the live state `like`."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.manager.directory}")
+    flat, treedef = _flat(like)
+    abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in flat.items()}
+    out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract),
+                                                             cursor=ocp.args.JsonRestore()))
+    missing = set(abstract) - set(out["state"])
+    if missing:
+      raise ValueError(f"checkpoint step {step} in {self.manager.directory} lacks {sorted(missing)[:3]}")
+    leaves = [out["state"][k] for k in flat]
+    return jax.tree_util.tree_unflatten(treedef, leaves), dict(out["cursor"])
+
+  def close(self) -> None:
+    self.manager.close()

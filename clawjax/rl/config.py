@@ -1,0 +1,61 @@
+"""The learner's configuration: every hyperparameter of the loss and the update, with its default.
+
+The paper (ClawGym II) publishes none of the optimisation values; defaults follow the ClawGym part-I
+recipe where it gives one (lr 1e-6, clip 0.2 / 0.28, KL 0) and otherwise common practice (named below).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+NORMALISATIONS = ("unique", "paths")
+VALUE_KINDS = ("none", "shared", "separate")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueConfig:
+  """The critic for PPO (Eq. 2: A_t = R - V(s_t), gamma = lambda = 1)."""
+  kind: str = "none"          # "none"; "shared": a linear head on the policy trunk; "separate": own trunk
+  coef: float = 0.5           # weight of the value loss next to the policy loss (common PPO value)
+  clip: float | None = 0.2    # value clipping around V_old (PPO2 style); None = plain squared error
+  pretrain_lr: float = 1e-5   # learning rate of `Learner.pretrain_value_step` (the paper pretrains V)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  loss: str = "grpo"               # a name in clawjax.rl.losses.LOSSES (register your own there)
+  lr: float = 1e-6                 # ClawGym part I
+  warmup_steps: int = 0            # linear warm-up from 0 to lr
+  optimizer: str = "adamw"         # "adamw" | "sgd"
+  adam_b1: float = 0.9
+  adam_b2: float = 0.999
+  adam_eps: float = 1e-8
+  weight_decay: float = 0.0
+  grad_clip: float | None = 1.0    # clip by global norm; None = off
+  eps_low: float = 0.2             # ratio clip below: 1 - eps_low (ClawGym part I)
+  eps_high: float = 0.28           # ratio clip above: 1 + eps_high (ClawGym part I, "clip higher")
+  kl_coef: float = 0.0             # KL to the frozen initial policy (k3 estimator); 0 = no reference
+  c_bar: float = 2.0               # TIS truncation: w_t = min(pi_old / pi_rollout, c_bar) (peer systems)
+  temperature: float = 1.0         # MUST equal the rollout sampling temperature: logp = log_softmax(z / T)
+  normalisation: str = "unique"    # "unique": a shared prefix token counts once; "paths": mean over paths
+  micro_batches: int = 1           # gradient accumulation steps per update (rows split evenly)
+  logits_chunk: int = 512          # loss tokens per vocab-projection chunk (memory: rows x chunk x vocab)
+  seed: int = 0                    # seeds the learner RNG carried in the train state and checkpoints
+  value: ValueConfig = ValueConfig()
+  loss_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # for user losses
+
+  def __post_init__(self):
+    if self.normalisation not in NORMALISATIONS:
+      raise ValueError(f"LearnerConfig.normalisation={self.normalisation!r}: use one of {NORMALISATIONS}")
+    if self.value.kind not in VALUE_KINDS:
+      raise ValueError(f"LearnerConfig.value.kind={self.value.kind!r}: use one of {VALUE_KINDS}")
+    if self.optimizer not in OPTIMIZERS:
+      raise ValueError(f"LearnerConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
+    for name in ("micro_batches", "logits_chunk"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"LearnerConfig.{name}={getattr(self, name)} must be >= 1")
+    if self.temperature <= 0 or self.c_bar <= 0:
+      raise ValueError("LearnerConfig.temperature and c_bar must be > 0")

@@ -1,0 +1,250 @@
+"""The sharded train step: pi_old pass, micro-batch gradient accumulation, one optimizer update.
+
+One `Learner.step(packed_batch)` is one jitted call over a Mesh:
+  1. pi_old pass (no gradient, micro-batch by micro-batch): logp_old with the current params, V_old and
+     log pi_ref where needed. TIS weights w_t = min(exp(logp_old - logp_rollout), c_bar) come from it.
+  2. gradient pass: a scan over micro-batches; each adds sum(weight * token_loss) / N to the loss and its
+     gradient, N = the weight sum over the *whole* batch, so k micro-batches equal one big batch.
+  3. clip by global norm, optimizer update. The train state's buffers are donated.
+Params and optimizer state are laid out by clawjax.sharding's logical-axis rules; batch rows are split
+over the data and fsdp mesh axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from clawjax import sharding
+from clawjax.rl.config import LearnerConfig
+from clawjax.rl.device_batch import DeviceBatch, prepare_batch
+from clawjax.rl.logprobs import gather_rows, token_logprobs
+from clawjax.rl.losses import TokenInputs, get_loss, tis_weights, value_loss
+from clawjax.rl.value import values_at
+from clawjax.tree.batch import PackedBatch
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  params: dict[str, nnx.State]      # "policy", and "value" when the config has a critic
+  opt_state: Any
+  step: jax.Array                   # int32 scalar: optimizer updates done
+  rng: jax.Array                    # uint32[2] raw PRNG key; the step's key goes to the loss
+  ref_params: nnx.State | None      # frozen initial policy for the KL term (kl_coef > 0), else None
+  value_opt_state: Any = None       # optimizer state of value pretraining (critic params only)
+
+
+def make_optimizer(cfg: LearnerConfig, lr: float | None = None) -> optax.GradientTransformation:
+  peak = cfg.lr if lr is None else lr
+  schedule = optax.linear_schedule(0.0, peak, cfg.warmup_steps) if cfg.warmup_steps else peak
+  if cfg.optimizer == "adamw":
+    opt = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+  else:
+    opt = optax.sgd(schedule)
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt) if cfg.grad_clip else opt
+
+
+def _masked_mean(x: jax.Array, weight: jax.Array, norm: jax.Array) -> jax.Array:
+  return jnp.sum(jnp.where(weight > 0, weight * x, 0.0)) / norm
+
+
+def _normaliser(batch: DeviceBatch) -> jax.Array:
+  """The global weight sum N over all micro-batches (1 for a batch without loss tokens)."""
+  norm = jnp.sum(batch.weight)
+  return jnp.where(norm > 0, norm, 1.0)
+
+
+class Learner:
+  """Owns the train state of a policy (and optional critic) on a mesh, and the jitted steps."""
+
+  def __init__(self, cfg: LearnerConfig, policy: nnx.Module, *, value: nnx.Module | None = None,
+               mesh: Mesh | None = None, rules: Sequence[tuple[str, Any]] = sharding.DEFAULT_RULES):
+    self.cfg = cfg
+    self.loss_spec = get_loss(cfg.loss)
+    if (value is None) != (cfg.value.kind == "none"):
+      raise ValueError(f"LearnerConfig.value.kind={cfg.value.kind!r} but value model "
+                       f"{'missing' if value is None else 'given'}")
+    if self.loss_spec.needs_value and value is None:
+      raise ValueError(f"loss {cfg.loss!r} needs a value model: set LearnerConfig.value.kind")
+    self.mesh = mesh or sharding.make_mesh(sharding.MeshConfig(data=1), jax.devices()[:1])
+    self.policy_def, policy_params, self.policy_rest = nnx.split(policy, nnx.Param, ...)
+    params = {"policy": policy_params}
+    self.value_def = self.value_rest = None
+    if value is not None:
+      self.value_def, params["value"], self.value_rest = nnx.split(value, nnx.Param, ...)
+    self.tx = make_optimizer(cfg)
+    self.value_tx = make_optimizer(cfg, lr=cfg.value.pretrain_lr)
+
+    param_sh = {k: sharding.state_shardings(v, self.mesh, rules) for k, v in params.items()}
+    opt_state = self.tx.init(params)
+    value_opt_state = self.value_tx.init(params["value"]) if value is not None else None
+    by_path = sharding.path_shardings(param_sh)
+    value_by_path = sharding.path_shardings(param_sh.get("value"))
+    replicated = NamedSharding(self.mesh, P())
+    self.state_sharding = TrainState(
+        params=param_sh,
+        opt_state=sharding.tree_shardings_like(opt_state, by_path, self.mesh),
+        step=replicated, rng=replicated,
+        ref_params=param_sh["policy"] if cfg.kl_coef else None,
+        value_opt_state=sharding.tree_shardings_like(value_opt_state, value_by_path, self.mesh))
+    state = TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
+                       rng=jax.random.PRNGKey(cfg.seed),
+                       ref_params=jax.tree.map(jnp.copy, policy_params) if cfg.kl_coef else None,
+                       value_opt_state=value_opt_state)
+    self.state: TrainState = jax.device_put(state, self.state_sharding)
+    self.rest = jax.device_put((self.policy_rest, self.value_rest), replicated)
+
+    batch_sh = DeviceBatch(*[sharding.batch_sharding(self.mesh, 3, leading=1)] * len(dataclasses.fields(DeviceBatch)))
+    self.batch_sharding = batch_sh
+    self._train = jax.jit(self._train_fn, in_shardings=(self.state_sharding, batch_sh, None),
+                          out_shardings=(self.state_sharding, replicated), donate_argnums=0)
+    self._loss_and_grads = jax.jit(self._loss_and_grads_fn, in_shardings=(self.state_sharding, batch_sh, None),
+                                   out_shardings=(replicated, param_sh, replicated))
+    self._pretrain = jax.jit(self._pretrain_fn, in_shardings=(self.state_sharding, batch_sh, None),
+                             out_shardings=(self.state_sharding, replicated), donate_argnums=0)
+
+  # ---- host API -------------------------------------------------------------------------------------
+
+  def prepare(self, batch: PackedBatch, loss_slots: int | None = None) -> DeviceBatch:
+    """Host-side: compact, pad and split a PackedBatch, then place it on the mesh."""
+    device_batch = prepare_batch(batch, normalisation=self.cfg.normalisation, micro_batches=self.cfg.micro_batches,
+                                 row_multiple=sharding.batch_shards(self.mesh), chunk=self.cfg.logits_chunk,
+                                 loss_slots=loss_slots)
+    return jax.device_put(device_batch, self.batch_sharding)
+
+  def step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
+    """One update; returns the metrics (host floats) including grad_norm and tokens_per_s."""
+    batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
+    start = time.perf_counter()
+    self.state, metrics = self._train(self.state, batch, self.rest)
+    metrics = jax.device_get(metrics)
+    seconds = time.perf_counter() - start
+    out = {k: float(v) for k, v in metrics.items()}
+    out["step_seconds"] = seconds
+    out["tokens_per_s"] = out["tokens"] / seconds
+    return out
+
+  def loss_and_grads(self, batch: PackedBatch | DeviceBatch) -> tuple[float, dict, dict[str, float]]:
+    """The step's loss, gradient and metrics without updating (for checks and benchmarks)."""
+    batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
+    loss, grads, metrics = self._loss_and_grads(self.state, batch, self.rest)
+    return float(loss), grads, {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+  def pretrain_value_step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
+    """One critic update on 0.5 (V - R)^2 alone, the policy frozen (for "shared" only the head moves),
+    at ValueConfig.pretrain_lr: the paper pretrains the value model before RL."""
+    if self.value_def is None:
+      raise ValueError("pretrain_value_step needs LearnerConfig.value.kind != 'none'")
+    batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
+    self.state, metrics = self._pretrain(self.state, batch, self.rest)
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+  def policy_model(self) -> nnx.Module:
+    """The current policy as an NNX module (e.g. to export weights for the rollout engine)."""
+    return nnx.merge(self.policy_def, self.state.params["policy"], self.policy_rest)
+
+  # ---- traced functions -----------------------------------------------------------------------------
+
+  def _policy_tokens(self, policy_params: nnx.State, rest, mb: DeviceBatch):
+    model = nnx.merge(self.policy_def, policy_params, rest[0])
+    hidden = model.hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end)
+    h_RKD = gather_rows(hidden, mb.pred_index)
+    logp, entropy = token_logprobs(model.logits, h_RKD, mb.targets, self.cfg.temperature, self.cfg.logits_chunk)
+    return logp, entropy, h_RKD
+
+  def _values(self, value_params: nnx.State, rest, mb: DeviceBatch, h_RKD: jax.Array) -> jax.Array:
+    value_model = nnx.merge(self.value_def, value_params, rest[1])
+    return values_at(value_model, h_RKD, mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end, mb.pred_index)
+
+  def _old_pass(self, state: TrainState, batch: DeviceBatch, rest) -> dict[str, jax.Array]:
+    """pi_old (and V_old, pi_ref) for every micro-batch, [M, r, K] each, before any update."""
+
+    def one(mb: DeviceBatch) -> dict[str, jax.Array]:
+      logp, _, h = self._policy_tokens(state.params["policy"], rest, mb)
+      out = {"logp_old": logp}
+      if self.value_def is not None:
+        out["values_old"] = self._values(state.params["value"], rest, mb, h)
+      if self.cfg.kl_coef:
+        out["logp_ref"] = self._policy_tokens(state.ref_params, rest, mb)[0]
+      return out
+
+    return jax.lax.stop_gradient(jax.lax.map(one, batch))
+
+  def _micro_loss(self, params: dict, rest, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
+    logp, entropy, h = self._policy_tokens(params["policy"], rest, mb)
+    values = self._values(params["value"], rest, mb, h) if self.value_def is not None else None
+    w_tis, _ = tis_weights(old["logp_old"], mb.logp_rollout, self.cfg.c_bar)
+    x = TokenInputs(logp=logp, logp_old=old["logp_old"], logp_rollout=mb.logp_rollout, advantages=mb.advantages,
+                    returns=mb.returns, mask=mb.weight > 0, entropy=entropy, values=values,
+                    values_old=old.get("values_old"), logp_ref=old.get("logp_ref"), rng=rng)
+    terms = self.loss_spec.fn(x, self.cfg)
+    token_loss = w_tis * terms.policy + terms.extra
+    metrics = {k: _masked_mean(v, mb.weight, norm) for k, v in terms.metrics.items()}
+    metrics["entropy"] = _masked_mean(entropy, mb.weight, norm)
+    return _masked_mean(token_loss, mb.weight, norm), metrics
+
+  def _accumulate(self, loss_fn, params: Any, batch: DeviceBatch, old: dict, norm: jax.Array):
+    """sum over micro-batches of (loss, grad, metrics) of loss_fn(params, mb, old_mb), in a scan."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def body(carry, xs):
+      mb, old_mb = xs
+      (loss, metrics), grads = grad_fn(params, mb, old_mb, norm)
+      return jax.tree.map(jnp.add, carry, (loss, grads, metrics)), None
+
+    mb0 = jax.tree.map(lambda a: a[0], (batch, old))
+    shapes = jax.eval_shape(lambda: grad_fn(params, *mb0, norm))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[0][0], shapes[1], shapes[0][1]))
+    (loss, grads, metrics), _ = jax.lax.scan(body, zeros, (batch, old))
+    return loss, grads, metrics
+
+  def _loss_and_grads_fn(self, state: TrainState, batch: DeviceBatch, rest):
+    old = self._old_pass(state, batch, rest)
+    norm = _normaliser(batch)
+    _, step_rng = jax.random.split(state.rng)
+    loss_fn = lambda p, mb, o, n: self._micro_loss(p, rest, mb, o, n, step_rng)
+    loss, grads, metrics = self._accumulate(loss_fn, state.params, batch, old, norm)
+    metrics.update(self._tis_metrics(batch, old, norm))
+    metrics["loss"] = loss
+    metrics["grad_norm"] = optax.global_norm(grads)  # before clipping
+    metrics["tokens"] = jnp.sum(batch.segment_ids > 0).astype(jnp.float32)  # trunk tokens (for tokens/s)
+    return loss, grads, metrics
+
+  def _tis_metrics(self, batch: DeviceBatch, old: dict, norm: jax.Array) -> dict[str, jax.Array]:
+    _, truncated = tis_weights(old["logp_old"], batch.logp_rollout, self.cfg.c_bar)
+    diff = jnp.abs(old["logp_old"] - batch.logp_rollout)
+    return {"tis_truncated_fraction": _masked_mean(truncated.astype(jnp.float32), batch.weight, norm),
+            "mean_abs_logp_old_minus_rollout": _masked_mean(diff, batch.weight, norm),
+            "max_abs_logp_old_minus_rollout": jnp.max(jnp.where(batch.weight > 0, diff, 0.0))}
+
+  def _train_fn(self, state: TrainState, batch: DeviceBatch, rest):
+    loss, grads, metrics = self._loss_and_grads_fn(state, batch, rest)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    rng, _ = jax.random.split(state.rng)
+    new = dataclasses.replace(state, params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                              step=state.step + 1, rng=rng)
+    return new, metrics
+
+  def _pretrain_fn(self, state: TrainState, batch: DeviceBatch, rest):
+    norm = _normaliser(batch)
+    policy = jax.lax.stop_gradient(state.params["policy"])
+
+    def loss_fn(value_params, mb, _, n):
+      _, _, h = self._policy_tokens(policy, rest, mb)
+      v = self._values(value_params, rest, mb, h)
+      return _masked_mean(value_loss(v, v, mb.returns, None), mb.weight, n), {}
+
+    loss, grads, _ = self._accumulate(loss_fn, state.params["value"], batch, {}, norm)
+    updates, value_opt_state = self.value_tx.update(grads, state.value_opt_state, state.params["value"])
+    params = dict(state.params, value=optax.apply_updates(state.params["value"], updates))
+    return dataclasses.replace(state, params=params, value_opt_state=value_opt_state), {
+        "value_loss": loss, "grad_norm": optax.global_norm(grads)}

@@ -1,0 +1,143 @@
+"""Per-token RL losses, their registry, and the truncated importance weight every policy loss gets.
+
+A loss sees one micro-batch of loss tokens as `TokenInputs` (arrays [rows, K], K = the row's loss-token
+slots) and returns per-token terms; the train step multiplies the policy term by the TIS weight, adds the
+extra term, and normalises by the global weight sum (clawjax.rl.learner). Adding a loss:
+
+  @register_loss("my_loss")
+  def my_loss(x: TokenInputs, cfg: LearnerConfig) -> LossTerms:
+    ratio = jnp.exp(x.logp - x.logp_old)
+    return LossTerms(policy=-ratio * x.advantages)
+
+then `LearnerConfig(loss="my_loss")`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from clawjax.rl.config import LearnerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenInputs:
+  """Everything a loss may use, per loss token. Only `logp` and `values` carry gradients."""
+  logp: jax.Array               # log pi_theta(a_t | s_t) at the learner temperature
+  logp_old: jax.Array           # log pi_old: the same params before the update, recomputed by the learner
+  logp_rollout: jax.Array       # the engine's log-prob from the call log
+  advantages: jax.Array         # from the batch (GRPO: the rollout's group-normalised A)
+  returns: jax.Array            # the rollout's reward R on its tokens
+  mask: jax.Array               # bool: a trained token (padding slots are False)
+  entropy: jax.Array            # entropy of pi_theta(. | s_t), no gradient (a metric; losses may use it)
+  values: jax.Array | None = None      # V_phi(s_t) when the config has a value model
+  values_old: jax.Array | None = None  # V before the update (PPO advantage and value clipping)
+  logp_ref: jax.Array | None = None    # log pi_ref when kl_coef > 0
+  rng: jax.Array | None = None         # this step's PRNG key (from the checkpointed train state)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossTerms:
+  """Per-token terms, each [rows, K]. The step forms  w_t * policy + extra  and normalises it; every
+  entry of `metrics` is reported as its weighted mean over loss tokens."""
+  policy: jax.Array
+  extra: jax.Array | float = 0.0
+  metrics: dict[str, jax.Array] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSpec:
+  fn: Callable[[TokenInputs, LearnerConfig], LossTerms]
+  needs_value: bool = False
+
+
+LOSSES: dict[str, LossSpec] = {}
+
+
+def register_loss(name: str, *, needs_value: bool = False):
+  """Decorator: make `fn(inputs, config) -> LossTerms` available as LearnerConfig(loss=name)."""
+
+  def wrap(fn):
+    if name in LOSSES:
+      raise ValueError(f"loss {name!r} is already registered")
+    LOSSES[name] = LossSpec(fn, needs_value)
+    return fn
+
+  return wrap
+
+
+def get_loss(name: str) -> LossSpec:
+  if name not in LOSSES:
+    raise KeyError(f"LearnerConfig.loss={name!r} is not registered; known: {sorted(LOSSES)}")
+  return LOSSES[name]
+
+
+def tis_weights(logp_old: jax.Array, logp_rollout: jax.Array, c_bar: float) -> tuple[jax.Array, jax.Array]:
+  """Eq. 4: w_t = min(pi_old / pi_rollout, c_bar), gradient stopped; also whether it was truncated."""
+  raw = jnp.exp(jax.lax.stop_gradient(logp_old) - logp_rollout)
+  return jnp.minimum(raw, c_bar), raw > c_bar
+
+
+def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array,
+                      eps_low: float, eps_high: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) with r = pi_theta / pi_old, and its metrics."""
+  log_ratio = logp - logp_old
+  ratio = jnp.exp(log_ratio)
+  unclipped = ratio * advantages
+  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
+  loss = -jnp.minimum(unclipped, clipped)
+  lr = jax.lax.stop_gradient(log_ratio)
+  metrics = {
+      "clip_fraction": (clipped < unclipped).astype(jnp.float32),
+      # k3 estimator of KL(pi_old || pi_theta) on pi_old samples (Schulman, "Approximating KL").
+      "approx_kl": jnp.expm1(lr) - lr,
+  }
+  return loss, metrics
+
+
+def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+  """Per-token KL(pi_theta || pi_ref) estimate exp(d) - d - 1, d = log pi_ref - log pi_theta.
+
+  Unbiased and non-negative on pi_theta samples, as in GRPO (DeepSeekMath); gradients reach logp."""
+  d = logp_ref - logp
+  return jnp.expm1(d) - d
+
+
+def _policy_term(x: TokenInputs, cfg: LearnerConfig, advantages: jax.Array) -> tuple[jax.Array, dict]:
+  loss, metrics = clipped_surrogate(x.logp, x.logp_old, advantages, cfg.eps_low, cfg.eps_high)
+  metrics["policy_loss"] = loss
+  if cfg.kl_coef:
+    kl = k3_kl(x.logp, x.logp_ref)
+    metrics["kl_ref"] = kl
+    loss = loss + cfg.kl_coef * kl
+  return loss, metrics
+
+
+@register_loss("grpo")
+def grpo(x: TokenInputs, cfg: LearnerConfig) -> LossTerms:
+  """Eq. 1: token-level clipped surrogate with the batch's (group-normalised) advantages."""
+  loss, metrics = _policy_term(x, cfg, x.advantages)
+  return LossTerms(policy=loss, metrics=metrics)
+
+
+def value_loss(values: jax.Array, values_old: jax.Array, returns: jax.Array, clip: float | None) -> jax.Array:
+  """0.5 (V - R)^2, or with clip the PPO2 pessimistic max over V and V_old + clip(V - V_old)."""
+  err = jnp.square(values - returns)
+  if clip is None:
+    return 0.5 * err
+  v_clipped = values_old + jnp.clip(values - values_old, -clip, clip)
+  return 0.5 * jnp.maximum(err, jnp.square(v_clipped - returns))
+
+
+@register_loss("ppo", needs_value=True)
+def ppo(x: TokenInputs, cfg: LearnerConfig) -> LossTerms:
+  """Eq. 2 with branch-local GAE at gamma = lambda = 1: A_t = R - V_old(s_t), plus the value loss."""
+  advantages = x.returns - x.values_old
+  loss, metrics = _policy_term(x, cfg, advantages)
+  v_loss = value_loss(x.values, x.values_old, x.returns, cfg.value.clip)
+  metrics["value_loss"] = v_loss
+  metrics["ppo_advantage"] = advantages
+  return LossTerms(policy=loss, extra=cfg.value.coef * v_loss, metrics=metrics)

@@ -1,0 +1,105 @@
+"""Per-token losses and the TIS weight against float64 numpy references (values and gradients)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from clawjax.rl.config import LearnerConfig, ValueConfig
+from clawjax.rl.losses import (LOSSES, LossTerms, TokenInputs, get_loss, k3_kl, register_loss, tis_weights,
+                               value_loss)
+
+
+def _inputs(seed: int = 0, n: int = 400):
+  rng = np.random.default_rng(seed)
+  logp_old = -rng.random(n) * 5
+  logp = logp_old + rng.normal(0, 0.4, n)        # ratios well inside and outside the clip range
+  return dict(logp=logp, logp_old=logp_old, logp_rollout=logp_old + rng.normal(0, 1.0, n),
+              advantages=rng.normal(size=n), returns=rng.random(n), values=rng.normal(0.5, 0.3, n),
+              values_old=rng.normal(0.5, 0.3, n), logp_ref=logp_old + rng.normal(0, 0.2, n))
+
+
+def _token_inputs(d: dict) -> TokenInputs:
+  f32 = {k: jnp.asarray(v, jnp.float32) for k, v in d.items()}
+  return TokenInputs(mask=jnp.ones_like(f32["logp"], bool), entropy=jnp.zeros_like(f32["logp"]), **f32)
+
+
+def test_tis_weights_match_float64_and_stop_gradient():
+  d = _inputs()
+  w, truncated = tis_weights(jnp.float32(d["logp_old"]), jnp.float32(d["logp_rollout"]), 2.0)
+  ref = np.minimum(np.exp(d["logp_old"] - d["logp_rollout"]), 2.0)
+  np.testing.assert_allclose(np.asarray(w), ref, rtol=1e-5)
+  np.testing.assert_array_equal(np.asarray(truncated), np.exp(d["logp_old"] - d["logp_rollout"]) > 2.0)
+  assert 0.05 < np.mean(np.asarray(truncated)) < 0.95
+  grad = jax.grad(lambda lo: tis_weights(lo, jnp.float32(d["logp_rollout"]), 2.0)[0].sum())(jnp.float32(d["logp_old"]))
+  assert not np.any(np.asarray(grad))
+
+
+def _np_surrogate(d, eps_low, eps_high, adv):
+  """Loss, d loss / d logp and clipped indicator of -min(rA, clip(r)A), written out case by case."""
+  r = np.exp(d["logp"] - d["logp_old"])
+  clipped_r = np.clip(r, 1 - eps_low, 1 + eps_high)
+  use_clipped = clipped_r * adv < r * adv
+  loss = -np.where(use_clipped, clipped_r * adv, r * adv)
+  grad = np.where(use_clipped, 0.0, -r * adv)  # the clipped branch is constant in logp
+  return loss, grad, use_clipped
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.3])
+def test_grpo_matches_numpy(kl_coef):
+  d = _inputs(1)
+  cfg = LearnerConfig(eps_low=0.2, eps_high=0.28, kl_coef=kl_coef)
+  loss_ref, grad_ref, clip_ref = _np_surrogate(d, 0.2, 0.28, d["advantages"])
+  delta = d["logp_ref"] - d["logp"]
+  loss_ref = loss_ref + kl_coef * (np.exp(delta) - delta - 1)
+  grad_ref = grad_ref + kl_coef * (1 - np.exp(delta))
+
+  def f(logp):
+    x = _token_inputs({**d, "logp": logp})
+    return LOSSES["grpo"].fn(x, cfg)
+
+  terms = f(jnp.float32(d["logp"]))
+  np.testing.assert_allclose(np.asarray(terms.policy), loss_ref, rtol=1e-4, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(terms.metrics["clip_fraction"]) > 0, clip_ref)
+  assert 0.05 < clip_ref.mean() < 0.95
+  grad = jax.grad(lambda lp: f(lp).policy.sum())(jnp.float32(d["logp"]))
+  np.testing.assert_allclose(np.asarray(grad), grad_ref, rtol=1e-4, atol=1e-6)
+  lr = d["logp"] - d["logp_old"]
+  np.testing.assert_allclose(np.asarray(terms.metrics["approx_kl"]), np.exp(lr) - 1 - lr, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("clip", [None, 0.1])
+def test_ppo_matches_numpy(clip):
+  d = _inputs(2)
+  cfg = LearnerConfig(value=ValueConfig(kind="shared", coef=0.7, clip=clip))
+  adv = d["returns"] - d["values_old"]
+  loss_ref, _, _ = _np_surrogate(d, 0.2, 0.28, adv)
+  err = (d["values"] - d["returns"]) ** 2
+  if clip is not None:
+    v_c = d["values_old"] + np.clip(d["values"] - d["values_old"], -clip, clip)
+    err = np.maximum(err, (v_c - d["returns"]) ** 2)
+  terms = LOSSES["ppo"].fn(_token_inputs(d), cfg)
+  np.testing.assert_allclose(np.asarray(terms.policy), loss_ref, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(terms.extra), 0.7 * 0.5 * err, rtol=1e-4, atol=1e-6)
+  assert LOSSES["ppo"].needs_value and not LOSSES["grpo"].needs_value
+
+
+def test_value_loss_gradient_is_zero_where_clipped():
+  v_old, ret = jnp.float32([0.0, 0.0]), jnp.float32([1.0, 1.0])
+  g = jax.grad(lambda v: value_loss(v, v_old, ret, 0.2).sum())(jnp.float32([0.5, 0.1]))
+  # 0.5 is beyond the clip: the pessimistic max picks the constant clipped branch (error 0.8 > 0.5).
+  np.testing.assert_allclose(np.asarray(g), [0.0, 0.1 - 1.0], rtol=1e-6)
+
+
+def test_k3_kl_is_nonnegative_and_zero_at_equality():
+  a = jnp.float32(np.random.default_rng(3).normal(size=100))
+  assert float(jnp.min(k3_kl(a, a + 0.5))) > 0
+  np.testing.assert_array_equal(np.asarray(k3_kl(a, a)), 0.0)
+
+
+def test_registry_rejects_duplicates_and_names_unknown():
+  with pytest.raises(ValueError, match="already registered"):
+    register_loss("grpo")(lambda x, cfg: LossTerms(policy=x.logp))
+  with pytest.raises(KeyError, match="known: .*grpo"):
+    get_loss("grpoo")

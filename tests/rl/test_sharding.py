@@ -1,0 +1,38 @@
+"""Mesh construction and logical-axis rules (8 simulated CPU devices from tests/conftest.py)."""
+from __future__ import annotations
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from clawjax import sharding
+
+
+def test_make_mesh_fills_one_axis():
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=-1, tensor=2))
+  assert dict(mesh.shape) == {"data": 4, "fsdp": 1, "tensor": 2, "expert": 1}
+  with pytest.raises(ValueError, match="product"):
+    sharding.make_mesh(sharding.MeshConfig(data=3, fsdp=1))
+  with pytest.raises(ValueError, match="at most one -1"):
+    sharding.make_mesh(sharding.MeshConfig(data=-1, fsdp=-1))
+
+
+def test_logical_rules_shard_divisible_dims_and_replicate_others():
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=2, tensor=2, expert=2))
+  assert sharding.logical_to_mesh(("embed", "mlp"), (64, 128), mesh) == P("fsdp", "tensor")
+  assert sharding.logical_to_mesh(("expert", "embed", "mlp"), (8, 64, 32), mesh) == P("expert", "fsdp", "tensor")
+  # 9 heads do not split over 2 tensor shards (SmolLM2): replicated, not a lowering error.
+  assert sharding.logical_to_mesh(("embed", "heads", "head_dim"), (576, 9, 64), mesh) == P("fsdp", None, None)
+  # A mesh axis is used at most once per array.
+  assert sharding.logical_to_mesh(("mlp", "vocab"), (64, 64), mesh) == P("tensor", None)
+  with pytest.raises(ValueError, match="no sharding rule"):
+    sharding.logical_to_mesh(("embd",), (64,), mesh)
+
+
+def test_batch_sharding_splits_rows_over_data_and_fsdp():
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
+  s = sharding.batch_sharding(mesh, 3, leading=1)
+  assert s.spec == P(None, ("data", "fsdp"), None)
+  assert sharding.batch_shards(mesh) == 4
+  x = jax.device_put(jax.numpy.zeros((2, 8, 16)), s)
+  assert x.addressable_shards[0].data.shape == (2, 2, 16)
