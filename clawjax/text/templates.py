@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments
-from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_type
+from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_preset, model_type
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -323,7 +323,8 @@ def family_of(model_dir_or_name: str) -> str:
   """The chat family of a model preset or HF model dir: Qwen models (config.json `model_type` qwen3,
   qwen3_moe, ...) use "qwen3", others (SmolLM2's llama) "chatml"."""
   path = pathlib.Path(model_dir_or_name)
-  name = model_type(path) if path.is_dir() else path.name
+  preset = None if path.is_dir() else model_preset(str(model_dir_or_name))
+  name = model_type(path) if path.is_dir() else preset.family if preset else path.name
   return "qwen3" if name.lower().startswith("qwen") else "chatml"
 
 

@@ -100,6 +100,13 @@ def load_tokenizer(model_dir_or_name: str | os.PathLike) -> Tokenizer:
   if key.lower() in SMOLLM2_NAMES:
     from clawjax.models import smollm2  # pylint: disable=g-import-not-at-top  (optional, heavy)
     return _from_file(pathlib.Path(smollm2.ensure_smollm2_dir()) / "tokenizer.json", "smollm2")
+  preset = model_preset(key)
+  if preset is not None:
+    # Presets of the Qwen family with its full vocabulary (test-tiny, qwen3-*) share Qwen3's tokenizer.
+    if preset.family.startswith("qwen") and preset.vocab_size >= _qwen3().vocab_size:
+      return _qwen3()
+    raise ValueError(f"load_tokenizer: model preset {key!r} ({preset.family}, vocabulary "
+                     f"{preset.vocab_size}) has no tokenizer; pass a model dir with a tokenizer.json")
   path = pathlib.Path(model_dir_or_name)
   if path.is_dir():
     if not (path / "tokenizer.json").is_file() and model_type(path).startswith("qwen"):
@@ -110,6 +117,12 @@ def load_tokenizer(model_dir_or_name: str | os.PathLike) -> Tokenizer:
                             f"('qwen3', 'smollm2') nor a model dir / file with a tokenizer.json ({path} "
                             "does not exist)")
   return _from_file(path, path.parent.name)
+
+
+def model_preset(name: str):
+  """The clawjax.models preset called `name` (a ModelConfig), or None."""
+  from clawjax.models.config import PRESETS  # pylint: disable=g-import-not-at-top  (pulls in jax)
+  return PRESETS.get(name)
 
 
 def model_type(model_dir: pathlib.Path) -> str:

@@ -192,3 +192,16 @@ def test_tool_spec_json_is_what_the_model_sees(chatml):
   lines = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
   assert [json.loads(line) for line in lines] == [
       {"name": WEATHER.name, "description": WEATHER.description, "parameters": WEATHER.parameters}]
+
+
+def test_model_presets_resolve_to_their_template():
+  """`--model test-tiny` (a Qwen3 preset with the full vocabulary) gets the Qwen3 template; a preset with
+  a toy vocabulary has no tokenizer and says so."""
+  from clawjax.text.templates import family_of, load_template
+  assert family_of("test-tiny") == "qwen3"
+  assert family_of("smollm2-135m") == "chatml"
+  tiny = load_template("test-tiny")
+  assert tiny.family == "qwen3"
+  assert tiny.tokenizer.encode("You are a helpful assistant.") == [2610, 525, 264, 10950, 17847, 13]
+  with pytest.raises(ValueError, match="test-tiny-vocab"):
+    load_template("test-tiny-vocab")

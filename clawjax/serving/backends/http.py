@@ -41,8 +41,8 @@ class HttpBackend(Backend):
 
   async def request(self, method: str, path: str, payload: Any = None, *, body: str | None = None
                     ) -> Any:
-    """JSON in (`payload`, or `body` already encoded), JSON out; raises BackendError naming the
-    endpoint on any failure."""
+    """JSON in (`payload`, or `body` already encoded), JSON out (a 2xx answer that is not JSON comes back
+    as its text); raises BackendError naming the endpoint on any failure."""
     where = f"{method} {self.url}{path}"
     data = body if body is not None else None if payload is None else json.dumps(payload)
     try:
@@ -52,7 +52,13 @@ class HttpBackend(Backend):
         if resp.status >= 400:
           status = 503 if resp.status in (429, 503, 529) else 500
           raise BackendError(f"{where} -> HTTP {resp.status}: {body[:500]!r}", status=status)
-        return await resp.json(content_type=None) if body else None
+        if not body:
+          return None
+        try:
+          return json.loads(body)
+        except ValueError:
+          # Some engine endpoints answer success in plain text (SGLang's /flush_cache).
+          return body.decode("utf-8", "replace")
     except (aiohttp.ClientConnectionError, TimeoutError) as e:
       raise BackendError(f"{where}: {type(e).__name__}: {e}", status=503) from None
     except (aiohttp.ClientError, ValueError) as e:

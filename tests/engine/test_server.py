@@ -1,0 +1,170 @@
+"""The SGLang-protocol server, through a plain HTTP client and through the shim's `sglang` backend."""
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from clawjax.engine.engine import Engine
+from clawjax.engine.loading import load_weights
+from clawjax.engine.server import SGLANG_DEFAULT_MAX_NEW_TOKENS, EngineServer, parse_sampling
+from clawjax.models import hf_io
+from clawjax.serving.backends.base import SamplingParams, create_backend
+from tests.engine.conftest import SMALL, learner_logprobs, prompt, tiny_model
+
+EOS = 7  # the served model's EOS id in these tests
+
+
+def http(url: str, body=None) -> tuple[int, object]:
+  req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                               headers={"Content-Type": "application/json"})
+  try:
+    with urllib.request.urlopen(req, timeout=120) as resp:
+      status, raw = resp.status, resp.read()
+  except urllib.error.HTTPError as e:
+    status, raw = e.code, e.read()
+  try:
+    return status, json.loads(raw)
+  except ValueError:
+    return status, raw.decode()
+
+
+async def with_server(model, fn):
+  engine = Engine(model, SMALL)
+  server = EngineServer(engine, "test-tiny-vocab", lambda path: engine.update_from_model(load_weights(path, model)),
+                        eos_token_id=EOS)
+  runner = web.AppRunner(server.app)
+  await runner.setup()
+  site = web.TCPSite(runner, "127.0.0.1", 0)
+  await site.start()
+  port = site._server.sockets[0].getsockname()[1]
+  try:
+    return await fn(f"http://127.0.0.1:{port}", engine)
+  finally:
+    await runner.cleanup()
+    engine.close()
+
+
+def test_plain_http_round_trip(model, tmp_path):
+  other = tiny_model(3)
+  hf_io.save(other, tmp_path / "v1")
+  ids = prompt(21, 30)
+  body = {"input_ids": ids, "return_logprob": True,
+          "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
+
+  async def scenario(url, engine):
+    call = lambda path, b=None: asyncio.to_thread(http, url + path, b)
+    assert (await call("/health"))[0] == 200
+    status, out = await call("/generate", body)
+    assert status == 200, out
+    meta = out["meta_info"]
+    assert out["output_ids"] == [t for _, t, _ in meta["output_token_logprobs"]]
+    assert meta["finish_reason"] == {"type": "length", "length": 12}
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (30, 12, 0)
+    np.testing.assert_allclose([lp for lp, _, _ in meta["output_token_logprobs"]],
+                               learner_logprobs(model, ids, out["output_ids"], 0.8), atol=1e-4)
+    # Same request in-process: the server adds nothing to the sampling.
+    direct = await engine.generate(ids, SamplingParams(max_new_tokens=12, temperature=0.8, seed=5))
+    assert list(direct.output_ids) == out["output_ids"]
+    # A batch of two prompts answers a list; EOS stops by default and is reported as matched.
+    status, outs = await call("/generate", {"input_ids": [ids, ids[:5]],
+                                            "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    assert status == 200 and len(outs) == 2 and "output_token_logprobs" not in outs[0]["meta_info"]
+    assert (await call("/flush_cache"))[0] == 200
+    info = (await call("/get_model_info"))[1]
+    assert info["is_generation"] and info["weight_version"] == 0
+    status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
+    assert status == 200 and up["success"] and up["weight_version"] == 1
+    status, out1 = await call("/generate", body)
+    assert out1["meta_info"]["weight_version"] == 1 and out1["output_ids"] != out["output_ids"]
+    np.testing.assert_allclose([lp for lp, _, _ in out1["meta_info"]["output_token_logprobs"]],
+                               learner_logprobs(other, ids, out1["output_ids"], 0.8), atol=1e-4)
+    status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "missing")})
+    assert status == 400 and not bad["success"] and bad["weight_version"] == 1
+    status, err = await call("/generate", {"input_ids": ids, "sampling_params": {"temperature": "hot"}})
+    assert status == 400 and "sampling_params.temperature" in err["error"]["message"]
+    status, err = await call("/generate", {"text": "hello"})
+    assert status == 400 and "input_ids" in err["error"]["message"]
+
+  asyncio.run(with_server(model, scenario))
+
+
+def test_eos_is_a_stop_token_unless_ignored():
+  assert parse_sampling({"sampling_params": {"stop_token_ids": [3]}}, eos_token_id=EOS).stop_token_ids == (3, EOS)
+  assert parse_sampling({"sampling_params": {"ignore_eos": True}}, eos_token_id=EOS).stop_token_ids == ()
+  assert parse_sampling({}, eos_token_id=None).max_new_tokens == SGLANG_DEFAULT_MAX_NEW_TOKENS
+
+
+def test_stop_token_finish_reason_names_the_match(model):
+  ids = prompt(22, 10)
+
+  async def scenario(url, engine):
+    free = await engine.generate(ids, SamplingParams(max_new_tokens=8, temperature=0.0))
+    stop = free.output_ids[2]
+    status, out = await asyncio.to_thread(http, url + "/generate", {
+        "input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [stop],
+                                              "ignore_eos": True}})
+    assert status == 200
+    assert out["output_ids"] == list(free.output_ids[:free.output_ids.index(stop) + 1])
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+  asyncio.run(with_server(model, scenario))
+
+
+def test_shim_sglang_backend_client_round_trip(model):
+  ids = prompt(23, 25)
+
+  async def scenario(url, engine):
+    backend = create_backend("sglang", url=url)
+    try:
+      gen = await backend.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+      direct = await engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9,
+                                                   stop_token_ids=(EOS,)))
+      assert gen.output_ids == direct.output_ids and gen.policy_version == 0
+      np.testing.assert_allclose(gen.output_logprobs, direct.output_logprobs, atol=1e-6)
+      assert await backend.health()
+      await backend.flush_cache()  # answered in plain text, as SGLang does
+    finally:
+      await backend.close()
+
+  asyncio.run(with_server(model, scenario))
+
+
+@pytest.mark.slow
+def test_command_line_server_serves_test_tiny(tmp_path):
+  import os
+  import socket
+  import subprocess
+  import sys
+  import time
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  log = open(tmp_path / "server.log", "w")
+  proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", "test-tiny", "--port", str(port),
+                           "--max-slots", "2", "--max-seq-len", "128", "--prefill-chunk", "64"],
+                          stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  url = f"http://127.0.0.1:{port}"
+  try:
+    deadline = time.time() + 300
+    while True:
+      assert proc.poll() is None, (tmp_path / "server.log").read_text()
+      try:
+        if http(url + "/health")[0] == 200:
+          break
+      except OSError:
+        pass
+      assert time.time() < deadline, "server did not come up"
+      time.sleep(1)
+    status, out = http(url + "/generate", {"input_ids": [1, 2, 3], "return_logprob": True,
+                                           "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+    assert status == 200 and len(out["output_ids"]) == 4 and out["meta_info"]["weight_version"] == 0
+    assert http(url + "/get_model_info")[1]["model_path"] == "test-tiny"
+  finally:
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()
