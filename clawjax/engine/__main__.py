@@ -1,0 +1,39 @@
+"""`python -m clawjax.engine --model PRESET_OR_DIR --port P`: the engine behind SGLang's native protocol."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+
+from aiohttp import web
+
+from clawjax.engine.engine import Engine, EngineConfig
+from clawjax.engine.loading import load_model, load_weights
+from clawjax.engine.server import EngineServer
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(prog="python -m clawjax.engine", description=__doc__)
+  parser.add_argument("--model", required=True, help="preset (test-tiny, smollm2-135m, ...) or HF safetensors dir")
+  parser.add_argument("--host", default="127.0.0.1")
+  parser.add_argument("--port", type=int, default=30000, help="default: SGLang's default port")
+  parser.add_argument("--init-seed", type=int, default=0, help="init seed of random presets")
+  for f in dataclasses.fields(EngineConfig):
+    parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                        help=f"EngineConfig.{f.name} (default {f.default})")
+  args = parser.parse_args(argv)
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  loaded = load_model(args.model, seed=args.init_seed)
+  config = EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+  engine = Engine(loaded.model, config)
+  server = EngineServer(engine, loaded.path, lambda path: engine.update_from_model(load_weights(path, loaded.model)),
+                        eos_token_id=loaded.eos_token_id, decode=loaded.decode)
+  try:
+    web.run_app(server.app, host=args.host, port=args.port, print=lambda msg: logging.info("%s", msg))
+  finally:
+    engine.close()
+
+
+if __name__ == "__main__":
+  main()

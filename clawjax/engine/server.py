@@ -1,0 +1,161 @@
+"""An HTTP server speaking SGLang's native protocol in front of an `Engine`.
+
+Routes (the subset of SGLang's API the shim's `sglang` backend uses, same JSON shapes, so a real SGLang
+server on a GPU is a drop-in replacement):
+  POST /generate {input_ids: list[int] | list[list[int]], sampling_params: {max_new_tokens, temperature,
+      top_p, top_k, stop_token_ids, ignore_eos, sampling_seed}, return_logprob}
+      -> {text, output_ids, meta_info: {id, finish_reason: {type, ...}, prompt_tokens,
+          completion_tokens, cached_tokens, output_token_logprobs: [[logprob, id, null], ...],
+          weight_version}} (a list of those for a batch of inputs)
+  GET  /health, /health_generate -> 200
+  POST /update_weights_from_disk {model_path} -> {success, message, weight_version}
+  POST /flush_cache -> 200
+  GET  /get_model_info -> {model_path, tokenizer_path, is_generation, weight_version}
+As in SGLang, generation stops at the model's EOS token unless `ignore_eos` is true. `text` is decoded
+only when the server has a tokenizer; otherwise it is "". Streaming and text prompts are not supported
+(400): the shim always sends token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from clawjax.engine.engine import Engine, EngineError, Result
+from clawjax.serving.backends.base import SamplingParams
+
+SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default when a request omits max_new_tokens
+
+
+class BadRequest(EngineError):
+  pass
+
+
+def _field(obj: dict[str, Any], name: str, kinds: tuple[type, ...], default: Any, where: str) -> Any:
+  value = obj.get(name, default)
+  if value is None:
+    return default
+  if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+    raise BadRequest(f"{where}.{name}: expected {'/'.join(k.__name__ for k in kinds)}, got {value!r}")
+  return value
+
+
+def _token_list(value: Any, where: str) -> list[int]:
+  if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                            for t in value):
+    raise BadRequest(f"{where}: expected a list of token ids")
+  return value
+
+
+def parse_sampling(body: dict[str, Any], eos_token_id: int | None) -> SamplingParams:
+  sp = body.get("sampling_params") or {}
+  if not isinstance(sp, dict):
+    raise BadRequest("sampling_params: expected an object")
+  where = "sampling_params"
+  stop = list(_token_list(_field(sp, "stop_token_ids", (list,), [], where), f"{where}.stop_token_ids"))
+  if eos_token_id is not None and not _field(sp, "ignore_eos", (bool,), False, where):
+    stop.append(eos_token_id)
+  return SamplingParams(
+      max_new_tokens=_field(sp, "max_new_tokens", (int,), SGLANG_DEFAULT_MAX_NEW_TOKENS, where),
+      temperature=float(_field(sp, "temperature", (int, float), 1.0, where)),
+      top_p=float(_field(sp, "top_p", (int, float), 1.0, where)),
+      top_k=_field(sp, "top_k", (int,), -1, where),
+      stop_token_ids=tuple(stop),
+      seed=_field(sp, "sampling_seed", (int,), None, where))
+
+
+def _finish_reason(result: Result, max_new_tokens: int) -> dict[str, Any]:
+  if result.finish_reason == "stop":
+    return {"type": "stop", "matched": result.output_ids[-1]}
+  if result.finish_reason == "length":
+    return {"type": "length", "length": max_new_tokens}
+  return {"type": "abort", "message": "aborted by a weight update"}
+
+
+class EngineServer:
+  """The aiohttp application; `reload(model_path)` loads new weights into the engine, returning a version."""
+
+  def __init__(self, engine: Engine, model_path: str, reload: Callable[[str], int],
+               eos_token_id: int | None = None, decode: Callable[[list[int]], str] | None = None):
+    self.engine, self.model_path, self.reload = engine, model_path, reload
+    self.eos_token_id, self.decode = eos_token_id, decode
+    self._ids = itertools.count()
+    self._reload_lock = asyncio.Lock()
+    self.app = web.Application(client_max_size=1 << 30, middlewares=[self._errors])
+    self.app.add_routes([
+        web.post("/generate", self.generate), web.get("/health", self.health),
+        web.get("/health_generate", self.health), web.post("/flush_cache", self.flush_cache),
+        web.get("/flush_cache", self.flush_cache),
+        web.post("/update_weights_from_disk", self.update_weights_from_disk),
+        web.get("/get_model_info", self.get_model_info)])
+
+  @web.middleware
+  async def _errors(self, request: web.Request, handler):
+    try:
+      return await handler(request)
+    except EngineError as e:
+      return web.json_response({"error": {"message": str(e), "code": e.status}}, status=e.status)
+
+  async def _json(self, request: web.Request) -> dict[str, Any]:
+    try:
+      body = await request.json()
+    except ValueError as e:
+      raise BadRequest(f"request body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+      raise BadRequest("request body must be a JSON object")
+    return body
+
+  async def generate(self, request: web.Request) -> web.Response:
+    body = await self._json(request)
+    if body.get("stream"):
+      raise BadRequest("stream: streaming is not supported by the embedded engine")
+    if "input_ids" not in body:
+      raise BadRequest("input_ids: required (text prompts are not supported)")
+    ids = body["input_ids"]
+    batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+    prompts = [_token_list(p, f"input_ids.{i}") for i, p in enumerate(ids)] if batched else [
+        _token_list(ids, "input_ids")]
+    sampling = parse_sampling(body, self.eos_token_id)
+    results = await asyncio.gather(*(self.engine.generate(p, sampling) for p in prompts))
+    outs = [self._response(r, sampling, bool(body.get("return_logprob"))) for r in results]
+    return web.json_response(outs if batched else outs[0])
+
+  def _response(self, r: Result, sampling: SamplingParams, logprobs: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "id": f"clawjax-{next(self._ids)}",
+        "finish_reason": _finish_reason(r, sampling.max_new_tokens),
+        "prompt_tokens": r.prompt_tokens, "completion_tokens": len(r.output_ids),
+        "cached_tokens": r.cached_tokens, "weight_version": r.policy_version}
+    if logprobs:
+      meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids)]
+    text = self.decode(list(r.output_ids)) if self.decode else ""
+    return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+  async def health(self, request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+  async def flush_cache(self, request: web.Request) -> web.Response:
+    self.engine.flush_cache()
+    return web.Response(text="Cache flushed.\n")
+
+  async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+    body = await self._json(request)
+    path = body.get("model_path")
+    if not isinstance(path, str) or not path:
+      raise BadRequest("model_path: required, a directory of HF safetensors")
+    async with self._reload_lock:
+      try:
+        version = await asyncio.to_thread(self.reload, path)
+      except (OSError, ValueError, KeyError) as e:
+        return web.json_response({"success": False, "message": f"{path}: {e}",
+                                  "weight_version": self.engine.version}, status=400)
+      self.model_path = path
+    return web.json_response({"success": True, "message": f"loaded {path}", "weight_version": version})
+
+  async def get_model_info(self, request: web.Request) -> web.Response:
+    return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
+                              "is_generation": True, "weight_version": self.engine.version})
