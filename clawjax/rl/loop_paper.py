@@ -1,0 +1,70 @@
+"""The paper's training setup (ClawGym II, section 8) as a ConfigDict that configs/paper/*.py adjust.
+
+Published: Qwen3-30B-A3B, 64K context, GRPO 32 tasks x 8 rollouts per update (PPO 256 x 1, with a
+pretrained value model), 256 rollouts per update, 200-400 stable steps. Every other value is not
+published; the defaults below say where they come from (ClawGym part I's recipe where it has one).
+"""
+
+from __future__ import annotations
+
+from ml_collections import config_dict
+
+
+def paper_config(harness: str) -> config_dict.ConfigDict:
+  c = config_dict.ConfigDict()
+  c.tasks = config_dict.placeholder(str)  # ClawGym-SynData (directory or JSONL layout): --config.tasks
+  c.harnesses = (harness,)
+  c.tasks_per_step = 32
+  c.rollouts_per_task = 8
+  c.steps = 300                  # the paper reports stability over 200-400 steps
+  c.seed = 0
+  c.concurrency = 64             # rollouts in flight (sandbox and engine capacity, not published)
+  c.checkpoint_every = 10
+  c.keep_checkpoints = 3
+  c.eval_tasks = config_dict.placeholder(str)  # held-out tasks (e.g. a ClawGym-Bench slice)
+  c.eval_every = 0
+  c.eval_samples = 1
+
+  c.model = config_dict.ConfigDict()
+  c.model.init = config_dict.placeholder(str)  # HF dir: Qwen3-30B-A3B (Claude Code) or ClawII-Cold (OpenClaw)
+  c.model.overrides = config_dict.ConfigDict({"dtype": "bfloat16", "param_dtype": "float32",
+                                              "attention_impl": "blocked", "remat": True})
+  c.model.template_family = "qwen3"
+
+  c.engine = config_dict.ConfigDict()
+  c.engine.backend = "sglang"
+  c.engine.url = config_dict.placeholder(str)         # the SGLang server serving model.init
+  c.engine.export_dir = config_dict.placeholder(str)  # a path the SGLang server can read
+
+  c.mesh = config_dict.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 1})
+
+  c.shim = config_dict.ConfigDict()
+  c.shim.max_context = 65_536    # paper: 64K
+  c.shim.max_new_tokens = 8_192  # ClawGym part I
+  c.shim.temperature = 1.0       # not published; 1.0 keeps pi_rollout the model's own distribution
+
+  c.rollout = config_dict.ConfigDict()
+  c.rollout.timeout_s = 1800.0   # not published
+  c.rollout.settle_checks = 3    # not published
+  c.rollout.settle_interval_s = 0.5
+  c.rollout.settle_timeout_s = 60.0
+  c.rollout.harness = config_dict.ConfigDict({"max_turns": 30})
+
+  c.filters = config_dict.ConfigDict({"max_leaves": 64})  # over-branching threshold: not published
+
+  c.batch = config_dict.ConfigDict()
+  c.batch.row_len = 65_536       # one whole 64K-context rollout tree fits a row
+  c.batch.rows = 256             # all 256 rollouts of a step in one update
+  c.batch.max_staleness = 1
+
+  c.learner = config_dict.ConfigDict()
+  c.learner.loss = "grpo"
+  c.learner.lr = 1e-6            # ClawGym part I
+  c.learner.eps_low = 0.2        # ClawGym part I
+  c.learner.eps_high = 0.28      # ClawGym part I
+  c.learner.kl_coef = 0.0        # ClawGym part I
+  c.learner.c_bar = 2.0          # not published; peer systems use 2
+  c.learner.temperature = 1.0    # must equal shim.temperature
+  c.learner.micro_batches = 32   # 8 rows of 64K tokens per micro-batch (memory, not published)
+  c.learner.logits_chunk = 512
+  return c

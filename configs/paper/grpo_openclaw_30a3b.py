@@ -1,0 +1,16 @@
+r"""GRPO inside OpenClaw (Table 1 row ClawII-OC-30A3B), from the ClawII-Cold SFT checkpoint.
+
+32 tasks x 8 rollouts per update, 64K context, SGLang engine (GPU/TPU cluster):
+
+  python experiments/train.py --config=configs/paper/grpo_openclaw_30a3b.py --config.tasks=SYNDATA \
+      --config.model.init=MODEL_DIR --config.engine.url=http://SGLANG:30000 \
+      --config.engine.export_dir=SHARED_DIR --workdir=runs/grpo_openclaw_30a3b
+
+Unpublished values are documented in clawjax/rl/loop_paper.py.
+"""
+
+from clawjax.rl.loop_paper import paper_config
+
+
+def get_config():
+  return paper_config("openclaw")

@@ -1,0 +1,18 @@
+r"""Mix-harness GRPO: OpenClaw and Claude Code in one run, 32 x 8 per update, one group per
+(task, harness) pair (the same task under two harnesses forms two groups).
+
+  python experiments/train.py --config=configs/paper/mix_harness_30a3b.py --config.tasks=SYNDATA \
+      --config.model.init=MODEL_DIR --config.engine.url=http://SGLANG:30000 \
+      --config.engine.export_dir=SHARED_DIR --workdir=runs/mix_harness_30a3b
+
+16 tasks x 2 harnesses x 8 rollouts = 32 groups of 8 = 256 rollouts, the paper's budget per update.
+"""
+
+from clawjax.rl.loop_paper import paper_config
+
+
+def get_config():
+  c = paper_config("openclaw")
+  c.harnesses = ("openclaw", "claude_code")
+  c.tasks_per_step = 16
+  return c
