@@ -139,11 +139,12 @@ def _bwrap_argv(spec: SandboxSpec, env: dict[str, str], config: SandboxConfig,
   argv = [shutil.which("bwrap"), "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
   if not config.isolate_network:
     argv.append("--share-net")
+  # The fresh /tmp first: binds below may lie under /tmp (a checkout or venv there) and must stay on top.
+  argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
   for p in _existing([*SYSTEM_RO_PATHS, *config.extra_ro_paths, *python_ro_paths(), *spec.ro_paths]):
     argv += ["--ro-bind", p, p]
   # Task data bundled with clawjax holds checkers: never visible to the harness.
   argv += _hide([_clawjax_dir() / "data", *config.extra_hidden_paths, *spec.hidden_paths])
-  argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
   inside_ws = spec.workspace_mount or str(spec.workspace)
   argv += ["--bind", str(spec.home), str(spec.home), "--bind", str(spec.workspace), inside_ws]
   if relay_dir is not None:

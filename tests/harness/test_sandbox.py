@@ -152,3 +152,18 @@ def test_auto_mode_falls_back_loudly_when_bwrap_cannot_run(dirs, monkeypatch, ca
   assert out.strip() == str(dirs[1])
   with pytest.raises(sandbox.SandboxError, match="bwrap not found"):
     _run(dirs, "pass", sandbox.SandboxConfig(mode="bwrap"))
+
+
+@needs_bwrap
+def test_read_only_paths_under_tmp_stay_visible(dirs):
+  """The sandbox's fresh /tmp must not cover what it binds from under /tmp (a checkout or venv there)."""
+  tmp, _, _ = dirs
+  install = tmp / "install"  # tmp_path lies under the host's /tmp
+  install.mkdir()
+  (install / "tool.txt").write_text("TOOL")
+  result, out, err = _run(dirs, f"""
+    import pathlib
+    print(pathlib.Path({str(install / "tool.txt")!r}).read_text())
+    """, ro_paths=[install])
+  assert str(install).startswith("/tmp/")
+  assert result.returncode == 0 and out.strip() == "TOOL", err
