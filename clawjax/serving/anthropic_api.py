@@ -23,18 +23,6 @@ _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "a
 TOOL_ERROR_PREFIX = "Error: "
 
 
-def _text_of(content: Any, path: str) -> str:
-  """Text of string-or-blocks content; non-text blocks (images, documents) are skipped."""
-  if isinstance(content, str):
-    return content
-  parts = []
-  for i, block in enumerate(v.check(content, path, str, list)):
-    block = v.check(block, f"{path}.{i}", dict)
-    if v.get(block, "type", f"{path}.{i}", str) == "text":
-      parts.append(v.get(block, "text", f"{path}.{i}", str))
-  return "\n".join(parts)
-
-
 def _user_messages(content: Any, path: str) -> list[Message]:
   """A user turn: tool_result blocks become tool messages, text blocks one user message each run."""
   if isinstance(content, str):
@@ -55,7 +43,7 @@ def _user_messages(content: Any, path: str) -> list[Message]:
       texts.append(v.get(block, "text", where, str))
     elif kind == "tool_result":
       flush()
-      text = _text_of(block.get("content", ""), f"{where}.content")
+      text = v.text_of(block.get("content", ""), f"{where}.content")
       if v.get(block, "is_error", where, bool, default=False):
         text = TOOL_ERROR_PREFIX + text
       out.append(Message(role="tool", content=text,
@@ -106,7 +94,7 @@ def _message(m: Any, i: int) -> list[Message]:
   if role == "assistant":
     return [_assistant_message(content, f"{where}.content")]
   if role == "system":
-    return [Message(role="system", content=_text_of(content, f"{where}.content"))]
+    return [Message(role="system", content=v.text_of(content, f"{where}.content"))]
   raise invalid(f"{where}.role", f"expected 'user', 'assistant' or 'system', got {role!r}")
 
 
@@ -116,7 +104,7 @@ def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None
   messages: list[Message] = []
   system = body.get("system")
   if system is not None:
-    text = _text_of(system, "system")
+    text = v.text_of(system, "system")
     if text:
       messages.append(Message(role="system", content=text))
   raw = v.get(body, "messages", "", list)

@@ -25,17 +25,6 @@ _ERROR_CODES = {"authentication": "invalid_api_key", "context_length_exceeded":
                 "context_length_exceeded", "not_found": "not_found"}
 
 
-def _text(content: Any, path: str) -> str:
-  if content is None or isinstance(content, str):
-    return content or ""
-  parts = []
-  for i, part in enumerate(v.check(content, path, str, list)):
-    part = v.check(part, f"{path}.{i}", dict)
-    if v.get(part, "type", f"{path}.{i}", str) == "text":
-      parts.append(v.get(part, "text", f"{path}.{i}", str))
-  return "\n".join(parts)
-
-
 def _arguments(raw: str) -> dict[str, Any] | str:
   try:
     parsed = json.loads(raw)
@@ -47,7 +36,8 @@ def _arguments(raw: str) -> dict[str, Any] | str:
 def _message(m: Any, where: str) -> Message:
   m = v.check(m, where, dict)
   role = v.get(m, "role", where, str)
-  content = _text(m.get("content"), f"{where}.content")
+  content = m.get("content")
+  content = v.text_of("" if content is None else content, f"{where}.content")
   if role in ("system", "developer"):
     return Message(role="system", content=content)
   if role == "user":

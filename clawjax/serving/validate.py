@@ -50,3 +50,16 @@ def positive_int(d: dict[str, Any], key: str, path: str = "") -> int | None:
   if v is not None and v < 1:
     raise invalid(f"{path}.{key}" if path else key, f"must be >= 1, got {v}")
   return v
+
+
+def text_of(content: Any, path: str) -> str:
+  """Text of string-or-blocks message content (both APIs' shape); non-text blocks (images, documents)
+  are skipped."""
+  if isinstance(content, str):
+    return content
+  parts = []
+  for i, block in enumerate(check(content, path, str, list)):
+    block = check(block, f"{path}.{i}", dict)
+    if get(block, "type", f"{path}.{i}", str) == "text":
+      parts.append(get(block, "text", f"{path}.{i}", str))
+  return "\n".join(parts)
