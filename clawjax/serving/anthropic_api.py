@@ -35,10 +35,7 @@ def _user_messages(content: Any, path: str) -> list[Message]:
       out.append(Message(role="user", content="\n".join(texts)))
       texts.clear()
 
-  for i, block in enumerate(v.check(content, path, str, list)):
-    where = f"{path}.{i}"
-    block = v.check(block, where, dict)
-    kind = v.get(block, "type", where, str)
+  for where, block, kind in v.blocks(content, path):
     if kind == "text":
       texts.append(v.get(block, "text", where, str))
     elif kind == "tool_result":
@@ -56,10 +53,7 @@ def _assistant_message(content: Any, path: str) -> Message:
   if isinstance(content, str):
     return Message(role="assistant", content=content)
   texts, thinking, calls = [], [], []
-  for i, block in enumerate(v.check(content, path, str, list)):
-    where = f"{path}.{i}"
-    block = v.check(block, where, dict)
-    kind = v.get(block, "type", where, str)
+  for where, block, kind in v.blocks(content, path):
     if kind == "text":
       texts.append(v.get(block, "text", where, str))
     elif kind == "thinking":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from clawjax.serving.errors import invalid
@@ -57,9 +58,13 @@ def text_of(content: Any, path: str) -> str:
   are skipped."""
   if isinstance(content, str):
     return content
-  parts = []
-  for i, block in enumerate(check(content, path, str, list)):
-    block = check(block, f"{path}.{i}", dict)
-    if get(block, "type", f"{path}.{i}", str) == "text":
-      parts.append(get(block, "text", f"{path}.{i}", str))
-  return "\n".join(parts)
+  return "\n".join(get(block, "text", where, str)
+                   for where, block, kind in blocks(content, path) if kind == "text")
+
+
+def blocks(content: Any, path: str) -> Iterator[tuple[str, dict[str, Any], str]]:
+  """(path of the block, the block, its `type`) for each block of a content list."""
+  for i, block in enumerate(check(content, path, list)):
+    where = f"{path}.{i}"
+    block = check(block, where, dict)
+    yield where, block, get(block, "type", where, str)
