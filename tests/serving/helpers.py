@@ -55,3 +55,15 @@ def post(url, body, key=None, raw=None):
       return resp.status, resp.read().decode()
   except urllib.error.HTTPError as e:
     return e.code, e.read().decode()
+
+
+def echo_tool_call_round(client, max_tokens: int):
+  """Two Anthropic calls as Claude Code makes them: a tool call, echoed back unchanged with its
+  tool_result, then the answer. Returns the second reply."""
+  tools = [{"name": "write_file", "input_schema": {"type": "object"}}]
+  msgs = [{"role": "user", "content": "go"}]
+  first = client.messages.create(model="m", max_tokens=max_tokens, messages=msgs, tools=tools)
+  msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id,
+                                         "content": "ok"}]}]
+  return client.messages.create(model="m", max_tokens=max_tokens, messages=msgs, tools=tools)

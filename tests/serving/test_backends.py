@@ -14,7 +14,7 @@ from clawjax.serving.chat import ChatRequest
 from clawjax.serving.profiles import PROFILES, RoleRule, profile_for
 from clawjax.text.messages import Message, ToolSpec
 
-from tests.serving.helpers import FINAL_TURN, WRITE_TURN, assert_linear_zero_drift
+from tests.serving.helpers import FINAL_TURN, WRITE_TURN, assert_linear_zero_drift, echo_tool_call_round
 
 
 class EngineServer:
@@ -107,14 +107,7 @@ def test_http_backend_round_trip_through_the_shim(make_shim, template, name):
     shim = make_shim(None, backend=backend, max_new_tokens=300, temperature=0.7)
     r = shim.create_rollout("t", "claude-code")
     c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
-    tools = [{"name": "write_file", "input_schema": {"type": "object"}}]
-    msgs = [{"role": "user", "content": "go"}]
-    first = c.messages.create(model="m", max_tokens=1000, messages=msgs, tools=tools)
-    msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id,
-                                           "content": "ok"}]}]
-    assert c.messages.create(model="m", max_tokens=1000, messages=msgs,
-                             tools=tools).content[0].text == FINAL_TURN.text
+    assert echo_tool_call_round(c, max_tokens=1000).content[0].text == FINAL_TURN.text
     calls = assert_linear_zero_drift(r["log_path"], 2)
     assert list(calls[0].output_ids) == turn_ids(template, WRITE_TURN)
     assert list(calls[0].output_logprobs) == pytest.approx(

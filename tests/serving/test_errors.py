@@ -7,7 +7,8 @@ import pytest
 
 from clawjax.serving.backends.scripted import ScriptedBackend
 
-from tests.serving.helpers import FINAL_TURN, WRITE_TURN, assert_linear_zero_drift, log_calls, log_size, post
+from tests.serving.helpers import (FINAL_TURN, WRITE_TURN, assert_linear_zero_drift,
+                                   echo_tool_call_round, log_calls, log_size, post)
 
 GOOD = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
 GOOD_OAI = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -174,13 +175,7 @@ def test_sdk_retry_after_500_leaves_one_path(make_shim, template):
   shim = make_shim(None, backend=backend)
   r = shim.create_rollout("t", "claude-code")
   c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=2)
-  tools = [{"name": "write_file", "input_schema": {"type": "object"}}]
-  msgs = [{"role": "user", "content": "go"}]
-  first = c.messages.create(model="m", max_tokens=100, messages=msgs, tools=tools)
-  msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id,
-                                         "content": "ok"}]}]
-  assert c.messages.create(model="m", max_tokens=100, messages=msgs, tools=tools).content[0].text
+  assert echo_tool_call_round(c, max_tokens=100).content[0].text
   calls = assert_linear_zero_drift(r["log_path"], 2)
   assert [c.status for c in calls] == ["ok", "error", "ok"]
 
