@@ -37,7 +37,8 @@ from clawjax.evaluation.results import ResultsError, ResultsWriter, TaskResult, 
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.serving.backends.base import Backend, create_backend
 from clawjax.serving.server import ShimThread
-from clawjax.tasks.task import Task, load_tasks, split_loaded
+from clawjax.tasks import task as task_lib
+from clawjax.tasks.task import Task
 from clawjax.text.templates import load_template
 
 log = logging.getLogger(__name__)
@@ -48,16 +49,10 @@ class EvalError(RuntimeError):
 
 
 def select_tasks(config: EvalConfig) -> list[Task]:
-  tasks, broken = split_loaded(load_tasks(config.tasks))
-  for err in broken:
-    log.warning("skipping a broken task: %s", err)
-  if config.task_ids:
-    known = {t.task_id for t in tasks}
-    missing = sorted(set(config.task_ids) - known)
-    if missing:
-      raise EvalError(f"config.task_ids: {missing} not among the {len(tasks)} loaded tasks of "
-                      f"{config.tasks}")
-    tasks = [t for t in tasks if t.task_id in set(config.task_ids)]
+  try:
+    tasks = task_lib.select_tasks(config.tasks, config.task_ids)
+  except ValueError as e:  # An unknown id is the user's config: eval.py prints it without a trace.
+    raise EvalError(str(e)) from None
   if config.max_tasks:
     tasks = tasks[:config.max_tasks]
   ids = [t.task_id for t in tasks]

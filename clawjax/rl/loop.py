@@ -56,7 +56,8 @@ from clawjax.rl.loop_sft import record_demos, run_sft
 from clawjax.rl.value import make_value_model
 from clawjax.serving.backends.base import Backend, create_backend
 from clawjax.serving.server import ShimThread
-from clawjax.tasks.task import Task, load_tasks, split_loaded
+from clawjax.tasks import task as task_lib
+from clawjax.tasks.task import Task
 from clawjax.text.templates import ChatTemplate, load_template
 from clawjax.tree.pack import pack_trees
 
@@ -73,14 +74,7 @@ def build_policy(settings: ModelSettings, seed: int) -> Decoder:
 
 
 def select_tasks(path: str, task_ids: tuple[str, ...] = ()) -> list[Task]:
-  tasks, broken = split_loaded(load_tasks(path))
-  for err in broken:
-    log.warning("skipping a broken task: %s", err)
-  if task_ids:
-    missing = sorted(set(task_ids) - {t.task_id for t in tasks})
-    if missing:
-      raise ValueError(f"config.task_ids: {missing} not among the tasks of {path}")
-    tasks = [t for t in tasks if t.task_id in set(task_ids)]
+  tasks = task_lib.select_tasks(path, task_ids)
   if not tasks:
     raise ValueError(f"config.tasks: no loadable task in {path}")
   return tasks

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MOUNT_DIR = "/root/.openclaw/workspace"
 # Directory of the checker files, relative to the scoring root, in both ClawGym layouts.
@@ -430,3 +433,20 @@ def split_loaded(items: Iterable[Task | TaskError]) -> tuple[list[Task], list[Ta
   tasks = [t for t in items if isinstance(t, Task)]
   errors = [t for t in items if isinstance(t, TaskError)]
   return tasks, errors
+
+
+def select_tasks(path: str | os.PathLike[str], task_ids: Sequence[str] = ()) -> list[Task]:
+  """The loadable tasks under `path`, restricted to `task_ids` when given (in load order).
+
+  Broken tasks are logged and skipped, so one never stops a run; an id in `task_ids` that no loaded
+  task has is a ValueError naming it.
+  """
+  tasks, broken = split_loaded(load_tasks(path))
+  for err in broken:
+    log.warning("skipping a broken task: %s", err)
+  if task_ids:
+    missing = sorted(set(task_ids) - {t.task_id for t in tasks})
+    if missing:
+      raise ValueError(f"config.task_ids: {missing} not among the {len(tasks)} loaded tasks of {path}")
+    tasks = [t for t in tasks if t.task_id in set(task_ids)]
+  return tasks
