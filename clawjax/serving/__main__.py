@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import logging
 import signal
@@ -47,6 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--public-url", default=None, help="root URL clients use, if not http://HOST:PORT")
   p.add_argument("--log-dir", required=True)
   p.add_argument("--profiles", default=None, help="JSON file of harness role profiles")
+  p.add_argument("--gc-threshold", type=int, default=50_000,
+                 help="allocations between young-generation garbage collections (Python's default "
+                      "is 700). Each call allocates a few thousand objects (parsed request, token "
+                      "lists), so at the default the collector runs several times per call and "
+                      "rescans every live rollout's state: 2-10 ms per call at 16 rollouts. 0 keeps "
+                      "Python's settings")
   for field, kind in [("max_new_tokens", int), ("max_context", int), ("top_k", int),
                       ("max_body_bytes", int), ("log_threads", int), ("temperature", float),
                       ("top_p", float),
@@ -67,6 +74,11 @@ async def serve(args: argparse.Namespace) -> None:
   server = ShimServer(config, backend, template,
                       load_profiles(args.profiles) if args.profiles else None)
   url = await server.start()
+  if args.gc_threshold:
+    # What exists now (modules, tokenizer, template caches) lives as long as the process: keep it out
+    # of every future collection, then collect young objects less often.
+    gc.freeze()
+    gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
   logging.info("clawjax shim (%s backend) serving at %s, logs in %s", args.backend, url, args.log_dir)
   stop = asyncio.Event()
   loop = asyncio.get_running_loop()

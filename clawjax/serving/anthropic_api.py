@@ -95,6 +95,7 @@ def _message(m: Any, i: int) -> list[Message]:
 def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None = None
                    ) -> ChatRequest:
   body = v.check(body, "body", dict)
+  memo = memo or MessageMemo()
   messages: list[Message] = []
   system = body.get("system")
   if system is not None:
@@ -104,7 +105,7 @@ def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None
   raw = v.get(body, "messages", "", list)
   if not raw:
     raise invalid("messages", "at least one message is required")
-  messages += (memo or MessageMemo()).convert(raw, _message)
+  messages += memo.convert(raw, _message)
   if raw[-1].get("role") == "assistant":
     raise invalid(f"messages.{len(raw) - 1}.role", "a final assistant turn (prefill) is not supported")
   max_tokens = v.positive_int(body, "max_tokens") if need_max_tokens else None
@@ -119,7 +120,7 @@ def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None
     v.get(body, k, "", float, default=None)
   return ChatRequest(
       model=v.get(body, "model", "", str), messages=messages,
-      tools=_tools(v.get(body, "tools", "", list, default=[])), max_tokens=max_tokens,
+      tools=memo.convert_tools(v.get(body, "tools", "", list, default=[]), _tools), max_tokens=max_tokens,
       stream=v.get(body, "stream", "", bool, default=False), enable_thinking=enable_thinking,
       client_sampling=sampling)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-import secrets
 from collections.abc import Callable
 from typing import Any
 
 from clawjax.serving.errors import ApiError
+from clawjax.text.messages import random_hex
 from clawjax.text.messages import Message, ParsedTurn, ToolSpec
 
 
@@ -37,12 +37,15 @@ class ChatResult:
 
 
 class MessageMemo:
-  """The converted messages of a rollout's previous request, by position. A harness resends its whole
-  history on every call; a message equal (deep ==, done in C) to the one at the same position last time
-  reuses its conversion, so per-call validation work grows with the new messages only."""
+  """The converted messages and tools of a rollout's previous request. A harness resends its whole
+  history and tool list on every call; a message equal (deep ==, done in C) to the one at the same
+  position last time reuses its conversion, and so does an equal tool list, so per-call validation work
+  grows with the new messages only. Reusing the very same ToolSpec objects also lets the chat template
+  reuse its key for them (`ChatTemplate.blocks`)."""
 
   def __init__(self):
     self._entries: list[tuple[Any, list[Message]]] = []
+    self._tools: tuple[Any, list[ToolSpec]] | None = None
 
   def convert(self, raw: list[Any], fn: Callable[[Any, int], list[Message]]) -> list[Message]:
     out, entries = [], []
@@ -54,9 +57,14 @@ class MessageMemo:
     self._entries = entries
     return out
 
+  def convert_tools(self, raw: Any, fn: Callable[[Any], list[ToolSpec]]) -> list[ToolSpec]:
+    if self._tools is None or self._tools[0] != raw:
+      self._tools = (raw, fn(raw))
+    return self._tools[1]
+
 
 def new_id(prefix: str) -> str:
-  return f"{prefix}{secrets.token_hex(12)}"
+  return prefix + random_hex(12)
 
 
 def dumps(obj: Any) -> str:

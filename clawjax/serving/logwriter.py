@@ -11,6 +11,7 @@ The line written is byte-identical to `CallLogWriter.write(record)` (tested).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -40,18 +41,19 @@ class RolloutLogWriter(CallLogWriter):
   def encode_ids(self, ids: list[int]) -> str:
     """The JSON array text of `ids`, reusing the text of a cached prefix (validates the new ids)."""
     with self._seq_lock:
-      seqs = list(self._seqs)
+      seqs = sorted(self._seqs, key=lambda entry: len(entry[0]), reverse=True)
     best, best_n, best_text = None, 0, ""
-    for entry in seqs:
+    for entry in seqs:  # Longest first; two probes reject most non-prefixes before the full compare.
       seq, text = entry
       n = len(seq)
-      if best_n < n <= len(ids) and ids[:n] == seq:
+      if 0 < n <= len(ids) and ids[n - 1] == seq[-1] and ids[n // 2] == seq[n // 2] and ids[:n] == seq:
         best, best_n, best_text = entry, n, text
+        break
     if best is not None:
       with self._seq_lock:  # Least recently used goes first: a prefix that keeps matching stays.
-        if best in self._seqs:
-          self._seqs.remove(best)
-          self._seqs.append(best)
+        i = next((i for i, entry in enumerate(self._seqs) if entry is best), None)
+        if i is not None:  # (Identity: `in` would compare 20K-id lists.)
+          self._seqs.append(self._seqs.pop(i))
     _check_ids(ids, best_n)
     tail = ",".join(map(str, ids[best_n:]))
     return "[" + (best_text + "," + tail if best_n and tail else best_text or tail) + "]"
@@ -61,8 +63,8 @@ class RolloutLogWriter(CallLogWriter):
     input_ids = list(record.input_ids)
     if input_json is None:
       input_json = self.encode_ids(input_ids)
-    obj = record.to_json()
-    obj["input_ids"] = []  # Validated by encode_ids; spliced into the line below.
+    # Validated by encode_ids and spliced into the line below, so not copied into the JSON object.
+    obj = dataclasses.replace(record, input_ids=()).to_json()
     parse_record(obj, f"{self.path}:<new {CALL_SCHEMA} record>")
     line = json.dumps(obj, separators=(",", ":"), allow_nan=False)
     # JSON escapes every quote inside a string value, so the first match is the key itself.

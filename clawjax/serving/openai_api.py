@@ -98,7 +98,8 @@ class OpenAIDialect(Dialect):
     raw = v.get(body, "messages", "", list)
     if not raw:
       raise invalid("messages", "at least one message is required")
-    messages = (memo or MessageMemo()).convert(raw, lambda m, i: [_message(m, f"messages.{i}")])
+    memo = memo or MessageMemo()
+    messages = memo.convert(raw, lambda m, i: [_message(m, f"messages.{i}")])
     if messages[-1].role == "assistant":
       raise invalid(f"messages.{len(raw) - 1}.role", "a final assistant turn is not supported")
     n = v.get(body, "n", "", int, default=1)
@@ -112,7 +113,7 @@ class OpenAIDialect(Dialect):
       v.get(body, k, "", float, default=None)
     return ChatRequest(
         model=v.get(body, "model", "", str), messages=messages,
-        tools=_tools(v.get(body, "tools", "", list, default=[])),
+        tools=memo.convert_tools(v.get(body, "tools", "", list, default=[]), _tools),
         max_tokens=max_tokens, stream=v.get(body, "stream", "", bool, default=False),
         enable_thinking=None if effort is None else effort not in ("none", "minimal"),
         include_usage=v.get(options, "include_usage", "stream_options", bool, default=False),

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from clawjax.calllog import CallRecord
@@ -73,6 +74,32 @@ def _api_key(request: web.Request) -> str | None:
 
 def _reject_constant(name: str) -> Any:
   raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_json(raw: bytes) -> Any:
+  """A request body's JSON. orjson parses an ~80 KB Claude Code body 2-3x faster than `json` and, like
+  us, rejects NaN/Infinity; but it also rejects lone UTF-16 surrogate escapes, which a JavaScript
+  client sends when it cut a tool output inside an emoji. Those bodies take the `json` path, and each
+  lone surrogate becomes U+FFFD (what any tokenizer needs: it encodes UTF-8)."""
+  try:
+    return orjson.loads(raw)
+  except orjson.JSONDecodeError:
+    pass
+  try:
+    return _without_lone_surrogates(json.loads(raw, parse_constant=_reject_constant))
+  except ValueError as e:
+    raise ApiError(errors.INVALID, f"request body is not valid JSON: {e}") from None
+
+
+def _without_lone_surrogates(x: Any) -> Any:
+  if isinstance(x, str):
+    # json.loads already joined the valid pairs: what is left in the surrogate range is lone.
+    return x.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+  if isinstance(x, list):
+    return [_without_lone_surrogates(v) for v in x]
+  if isinstance(x, dict):
+    return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in x.items()}
+  return x
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:
@@ -192,10 +219,7 @@ class ShimServer:
     except web.HTTPRequestEntityTooLarge:
       raise ApiError(errors.TOO_LARGE,
                      f"request body exceeds {self.config.max_body_bytes} bytes") from None
-    try:
-      return rollout, json.loads(raw, parse_constant=_reject_constant)
-    except ValueError as e:
-      raise ApiError(errors.INVALID, f"request body is not valid JSON: {e}") from None
+    return rollout, _decode_json(raw)
 
   async def _count_tokens(self, request: web.Request) -> web.Response:
     try:
@@ -222,7 +246,7 @@ class ShimServer:
         prompt = rollout.builder.build(req.messages, req.tools, enable_thinking=req.enable_thinking)
       except ValueError as e:
         raise ApiError(errors.INVALID, f"messages: {e}") from None
-      input_ids = list(prompt.input_ids)
+      input_ids = prompt.input_ids  # A fresh list per call: no copy needed.
       if len(input_ids) >= self.config.max_context:
         raise self._too_long(len(input_ids))
     except ApiError as e:

@@ -25,11 +25,10 @@ import dataclasses
 import json
 import pathlib
 import re
-import secrets
 from collections.abc import Sequence
 from typing import Literal
 
-from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments
+from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments, random_hex
 from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_preset, model_type
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -136,6 +135,7 @@ class ChatTemplate:
     self.after_stop_ids: tuple[int, ...] = tuple(tokenizer.encode("\n"))
     self.shared_cache_blocks = shared_cache_blocks
     self._block_ids: collections.OrderedDict[tuple, tuple[int, ...]] = collections.OrderedDict()
+    self._tools_keys: collections.OrderedDict[tuple, tuple[tuple, tuple]] = collections.OrderedDict()
 
   # ---- rendering --------------------------------------------------------------------------------
 
@@ -167,8 +167,7 @@ class ChatTemplate:
     tools = tuple(tools)
     start = 1 if messages and messages[0].role == "system" else 0
     if start or tools or self.format.default_system is not None:
-      tools_key = tuple((t.name, t.description, repr(t.parameters)) for t in tools)
-      key = ("system", messages[0].content if start else None, tools_key)
+      key = ("system", messages[0].content if start else None, self._tools_key(tools))
       out.append(Block(key, "system", tuple(messages[:start]), tools=tools))
     last_query = self._last_query_index(messages)
     i = start
@@ -192,6 +191,21 @@ class ChatTemplate:
         out.append(Block((m.role, m.content), "message", (m,)))
       i += 1
     return out
+
+  def _tools_key(self, tools: tuple[ToolSpec, ...]) -> tuple:
+    """The exact-value key of a tool list (repr of ~32K characters of schema for Claude Code), cached by
+    the identity of the ToolSpec objects: the shim's per-rollout MessageMemo hands back the same objects
+    while a harness resends the same tools. The cache holds the objects, so their ids stay unique."""
+    ident = tuple(map(id, tools))
+    hit = self._tools_keys.get(ident)
+    if hit is not None:
+      self._tools_keys.move_to_end(ident)
+      return hit[1]
+    key = tuple((t.name, t.description, repr(t.parameters)) for t in tools)
+    self._tools_keys[ident] = (tools, key)
+    if len(self._tools_keys) > self.shared_cache_blocks:
+      self._tools_keys.popitem(last=False)
+    return key
 
   def block_text(self, block: Block) -> str:
     """A block's text, from `<|im_start|>` to the `<|im_end|>\\n` that closes it."""
@@ -316,7 +330,7 @@ class ChatTemplate:
         return None
     if not isinstance(args, dict):
       return None
-    return ToolCall(id_prefix + secrets.token_hex(12), body["name"], args)
+    return ToolCall(id_prefix + random_hex(12), body["name"], args)
 
 
 def family_of(model_dir_or_name: str) -> str:

@@ -182,3 +182,21 @@ def test_malformed_tool_call_comes_back_as_text_and_is_logged(make_shim):
   assert reply.stop_reason == "end_turn"
   (call,) = log_calls(rollout["log_path"])
   assert call.extra["malformed_tool_calls"] == [bad]
+
+
+def test_changed_tools_mid_rollout_reach_the_prompt(make_shim, template):
+  # The shim reuses a rollout's converted tools while the harness resends them unchanged; a changed
+  # tool list (an MCP server connecting mid-run) must still be what the model sees.
+  from clawjax.serving.anthropic_api import parse_messages
+  shim = make_shim([FINAL_TURN, FINAL_TURN, FINAL_TURN])
+  rollout = shim.create_rollout("t", "claude-code")
+  body = {"model": "m", "max_tokens": 50, "system": SYSTEM, "tools": TOOLS,
+          "messages": [{"role": "user", "content": "hi"}]}
+  changed = [dict(TOOLS[0], description="Write a file (v2)."), TOOLS[1]]
+  for tools in (TOOLS, changed, TOOLS):
+    body = dict(body, tools=tools)
+    status, text = post(rollout["base_url"] + "/v1/messages", body, rollout["api_key"])
+    assert status == 200, text
+    req = parse_messages(json.loads(json.dumps(body)), need_max_tokens=True)
+    expected = template.render(req.messages, req.tools)
+    assert list(log_calls(rollout["log_path"])[-1].input_ids) == list(expected)

@@ -86,6 +86,18 @@ def test_bad_openai_input_is_400_and_writes_nothing(make_shim, tmp_path, name, b
   assert post(url, GOOD_OAI, rollout["api_key"])[0] == 200
 
 
+def test_lone_surrogate_escape_is_served_as_replacement_character(make_shim, template):
+  # A JavaScript harness that cut a tool output inside an emoji sends a lone "\ud83d" escape; the
+  # tokenizer needs UTF-8, so it becomes U+FFFD instead of a 500.
+  shim = make_shim([FINAL_TURN])
+  rollout = shim.create_rollout("t", "claude-code")
+  raw = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "cut \\ud83d here"}]}'
+  status, text = post(rollout["base_url"] + "/v1/messages", None, rollout["api_key"], raw=raw)
+  assert status == 200, text
+  [call] = log_calls(rollout["log_path"])
+  assert template.tokenizer.decode(call.input_ids).count("cut \ufffd here") == 1
+
+
 def test_oversized_body_is_413(make_shim, tmp_path):
   shim = make_shim([FINAL_TURN], max_body_bytes=20_000)
   rollout = shim.create_rollout("t", "claude-code")
