@@ -329,17 +329,21 @@ class ShimServer:
       extra["malformed_tool_calls"] = list(turn.malformed)
     if disconnected:
       extra["client_disconnected"] = True
-    await self._write(rollout, input_json, CallRecord(
+    written = asyncio.ensure_future(self._write(rollout, input_json, CallRecord(
         **record, status="ok", output_ids=tuple(gen.output_ids),
         output_logprobs=tuple(gen.output_logprobs), finish_reason=gen.finish_reason,
-        t_end=time.time(), policy_version=gen.policy_version, extra=extra))
+        t_end=time.time(), policy_version=gen.policy_version, extra=extra)))
     result = ChatResult(turn, len(input_ids), len(gen.output_ids), gen.finish_reason)
     if not req.stream:
+      await written
       return _json_response(dialect.response(result, self.config.model_name, message_id))
-    if stream is None:
-      stream = await self._open_stream(request)
-      await send(dialect.stream_head(message_id, self.config.model_name, len(input_ids)))
-    await send(dialect.stream_body(message_id, self.config.model_name, result, req.include_usage))
+    try:  # Everything but the final event goes out while the record is being fsynced.
+      if stream is None:
+        stream = await self._open_stream(request)
+        await send(dialect.stream_head(message_id, self.config.model_name, len(input_ids)))
+      await send(dialect.stream_body(message_id, self.config.model_name, result, req.include_usage))
+    finally:
+      await written
     await send(dialect.stream_final())
     return stream
 

@@ -200,3 +200,26 @@ def test_changed_tools_mid_rollout_reach_the_prompt(make_shim, template):
     req = parse_messages(json.loads(json.dumps(body)), need_max_tokens=True)
     expected = template.render(req.messages, req.tools)
     assert list(log_calls(rollout["log_path"])[-1].input_ids) == list(expected)
+
+
+def test_final_event_waits_for_the_record_on_disk(make_shim):
+  # The stream's body may go out while the record is written; its last event may not. A slow disk
+  # (the writer sleeps before appending) makes a wrong order show: message_stop before the line.
+  import time
+  import urllib.request
+  shim = make_shim([READ_TURN])
+  rollout = shim.create_rollout("t", "claude-code")
+  writer = shim.server.registry.get(rollout["rollout_id"]).writer
+  append = writer.append_line
+  writer.append_line = lambda line: (time.sleep(0.5), append(line))
+  body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+  req = urllib.request.Request(rollout["base_url"] + "/v1/messages", data=json.dumps(body).encode(),
+                               headers={"content-type": "application/json", "x-api-key": rollout["api_key"]})
+  seen = []
+  with urllib.request.urlopen(req, timeout=60) as resp:
+    for line in resp:
+      if line.startswith(b"event: "):
+        event = line[7:].strip().decode()
+        seen.append((event, len(log_calls(rollout["log_path"]))))
+  assert seen[-1] == ("message_stop", 1)
+  assert ("content_block_start", 0) in seen  # The body did go out before the record was on disk.
