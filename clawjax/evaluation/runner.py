@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import json
@@ -28,12 +27,11 @@ import re
 import secrets
 from collections.abc import Iterator, Sequence
 
-import tqdm
-
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
 from clawjax.evaluation.config import EvalConfig
 from clawjax.evaluation.results import ResultsError, ResultsWriter, TaskResult, latest, load_results
+from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.serving.backends.base import Backend, create_backend
 from clawjax.serving.server import ShimThread
@@ -168,20 +166,14 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
       shim_url = stack.enter_context(shim_session(config, workdir / report.CALLS_DIR, backend))
       results = stack.enter_context(ResultsWriter(results_path))
       rollouts = stack.enter_context(CallLogWriter(workdir / report.ROLLOUTS_FILE))
-      pool = concurrent.futures.ThreadPoolExecutor(config.concurrency)
-      # On an interrupt, queued rollouts are dropped; those running end by their own timeouts.
-      stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-      bar = stack.enter_context(tqdm.tqdm(total=len(jobs), desc=f"eval {config.harness}",
-                                          unit="rollout", disable=not config.progress))
-      futures = [pool.submit(_run_one, shim_url, t, s, config, rollouts) for t, s in jobs]
-      total = 0.0
-      for n, fut in enumerate(concurrent.futures.as_completed(futures), start=1):
-        result = fut.result()
+
+      def record(result: TaskResult) -> None:
         results.write(result)
         done[result.key] = result
-        total += result.final_score or 0.0
-        bar.set_postfix(mean_score=f"{total / n:.3f}", last=result.status)
-        bar.update()
+
+      run_concurrently(lambda job: _run_one(shim_url, job[0], job[1], config, rollouts), jobs,
+                       config.concurrency, on_result=record, desc=f"eval {config.harness}",
+                       progress=config.progress, score=lambda r: r.final_score, status=lambda r: r.status)
   wanted = {(t.task_id, s) for t in tasks for s in range(config.num_samples)}
   run = report.Run(str(workdir), info, [r for k, r in done.items() if k in wanted])
   if len(run.results) != len(wanted):

@@ -18,7 +18,6 @@ the checker decides its reward.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -37,6 +36,7 @@ from typing import Any
 from clawjax.calllog import CallLogWriter, RolloutRecord
 from clawjax.harness import sandbox
 from clawjax.harness.install import InstallError
+from clawjax.harness.pool import run_concurrently
 from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.tasks.judge import JudgeConfig
 from clawjax.tasks.scoring import ScoringConfig, score
@@ -214,12 +214,8 @@ def run_rollouts(shim_url: str, jobs: Sequence[tuple[Task, str]], config: Rollou
                  writer: CallLogWriter | None = None, concurrency: int = 4,
                  on_done: Callable[[RolloutOutcome], None] | None = None) -> list[RolloutOutcome]:
   """Runs (task, harness) jobs `concurrency` at a time; outcomes in job order. Logs status counts."""
-  with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
-    futures = [pool.submit(run_rollout, shim_url, task, h, config, writer) for task, h in jobs]
-    for fut in concurrent.futures.as_completed(futures):
-      if on_done is not None:
-        on_done(fut.result())
-    outcomes = [f.result() for f in futures]
+  outcomes = run_concurrently(lambda job: run_rollout(shim_url, job[0], job[1], config, writer), jobs,
+                              concurrency, on_result=on_done)
   counts = Counter(o.record.status for o in outcomes)
   log.info("rollouts: %s", dict(counts))
   return outcomes

@@ -22,7 +22,6 @@ policy version is current; `batch.max_staleness` still guards against an engine 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -36,13 +35,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm
 from flax import nnx
 
 from clawjax import sharding
 from clawjax.calllog import CallLogWriter, LoadedLog, RolloutRecord, iter_records, load
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.engine.loading import REAL_PRESETS, load_model
+from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import run_rollout
 from clawjax.models import hf_io
 from clawjax.models.config import PRESETS
@@ -154,19 +153,9 @@ def run_jobs(server: PolicyServer, jobs: list[tuple[Task, str]], cfg: TrainConfi
       writer.write(record)
       return record
 
-  records = []
-  with CallLogWriter(out) as writer, \
-       concurrent.futures.ThreadPoolExecutor(cfg.concurrency) as pool, \
-       tqdm.tqdm(total=len(jobs), desc=desc, unit="rollout", disable=not cfg.progress) as bar:
-    futures = [pool.submit(one, i, writer) for i in range(len(jobs))]
-    total = 0.0
-    for fut in concurrent.futures.as_completed(futures):
-      rec = fut.result()
-      records.append(rec)
-      total += rec.reward or 0.0
-      bar.set_postfix(reward=f"{total / len(records):.3f}", last=rec.status)
-      bar.update()
-  return records
+  with CallLogWriter(out) as writer:
+    return run_concurrently(lambda i: one(i, writer), range(len(jobs)), cfg.concurrency, desc=desc,
+                            progress=cfg.progress, score=lambda r: r.reward, status=lambda r: r.status)
 
 
 def load_step_log(workdir: pathlib.Path, rollouts_file: pathlib.Path) -> LoadedLog:

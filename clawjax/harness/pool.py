@@ -1,0 +1,41 @@
+"""Runs many rollouts at once: the one thread pool behind `run_rollouts`, the RL loop and the evaluator.
+
+A rollout spends its time waiting on a harness process and the engine, so threads suffice. Results come
+back in job order; `on_result` sees each in completion order, in the caller's thread (to write it down
+as soon as it exists). On an interrupt, queued jobs are dropped and running ones end by their own
+timeouts.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import tqdm
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+def run_concurrently(fn: Callable[[Job], Result], jobs: Sequence[Job], concurrency: int, *,
+                     on_result: Callable[[Result], None] | None = None, desc: str = "",
+                     progress: bool = False, score: Callable[[Result], float | None] = lambda r: None,
+                     status: Callable[[Result], str] = lambda r: "") -> list[Result]:
+  """fn(job) for every job, `concurrency` at a time. With `progress`, a bar shows the mean of
+  `score` over finished jobs (None counts as 0) and the `status` of the last one."""
+  pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency))
+  try:
+    futures = [pool.submit(fn, job) for job in jobs]
+    total = 0.0
+    with tqdm.tqdm(total=len(jobs), desc=desc, unit="rollout", disable=not progress) as bar:
+      for n, fut in enumerate(concurrent.futures.as_completed(futures), start=1):
+        result = fut.result()
+        if on_result is not None:
+          on_result(result)
+        total += score(result) or 0.0
+        bar.set_postfix(mean_score=f"{total / n:.3f}", last=status(result))
+        bar.update()
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
+  return [f.result() for f in futures]
