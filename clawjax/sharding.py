@@ -1,7 +1,8 @@
 """Device mesh and logical-axis rules: how params, optimizer state and batches are laid out.
 
 The model annotates each parameter with logical axis names ("vocab", "embed", "mlp", "heads",
-"kv_heads", "head_dim", "expert"); the learner maps them onto four mesh axes:
+"kv_heads", "head_dim", "expert") and each activation (`layers.constrain`) with those plus "batch" and
+"length"; the learner maps them onto four mesh axes:
 
   data    pure data parallelism: batch rows split, params replicated.
   fsdp    batch rows split *and* params split along "embed" (ZeRO-3 style: gathered per layer by XLA).
@@ -11,19 +12,25 @@ The model annotates each parameter with logical axis names ("vocab", "embed", "m
 A logical axis whose dimension is not divisible by its mesh axes' size is left replicated, so one set of
 rules serves every preset from test-tiny to qwen3-30b-a3b (a dim of 64 heads on 3 tensor shards would
 otherwise fail to lower).
+
+Activation constraints are emitted only while a function traces under `under_mesh(fn, mesh, rules)`
+(the learner's jitted steps do); elsewhere (the engine, eager calls) `layers.constrain` is a no-op and
+XLA propagates the parameters' shardings alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from flax.core import spmd
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 # Batch rows are split over every axis that does not split the model's math.
@@ -31,6 +38,7 @@ BATCH_AXES = ("data", "fsdp")
 
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", BATCH_AXES),
+    ("length", None),  # sequence parallelism would map it to a mesh axis
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
@@ -78,12 +86,13 @@ def _as_tuple(axes: str | Sequence[str] | None) -> tuple[str, ...]:
   return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def logical_to_mesh(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+def logical_to_mesh(logical: Sequence[str | None], shape: Sequence[int], mesh: Mesh | AbstractMesh,
                     rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> P:
   """The mesh PartitionSpec of an array with the given logical axis names.
 
-  An unknown logical name is an error (a typo would silently replicate a 30B model); a mesh axis used
-  by an earlier dimension, or one that does not divide the dimension, is dropped (replicated)."""
+  An unknown logical name is an error (a typo would silently replicate a 30B model); a mesh axis that is
+  absent from the mesh or of size 1, used by an earlier dimension (e.g. "batch" and "embed" both on
+  "fsdp"), or that does not divide the dimension is dropped (replicated)."""
   rule_map = dict(rules)
   if len(logical) != len(shape):
     raise ValueError(f"logical axes {tuple(logical)} do not match shape {tuple(shape)}")
@@ -95,13 +104,27 @@ def logical_to_mesh(logical: Sequence[str | None], shape: Sequence[int], mesh: M
       continue
     if name not in rule_map:
       raise ValueError(f"logical axis {name!r} has no sharding rule; known: {sorted(rule_map)}")
-    axes = [a for a in _as_tuple(rule_map[name]) if a not in used and mesh.shape[a] > 1]
+    axes = [a for a in _as_tuple(rule_map[name]) if a not in used and mesh.shape.get(a, 1) > 1]
     # Keep the longest prefix of mesh axes whose product divides the dimension.
     while axes and dim % math.prod(mesh.shape[a] for a in axes):
       axes.pop()
     used.update(axes)
     spec.append(tuple(axes) if len(axes) > 1 else (axes[0] if axes else None))
   return P(*spec)
+
+
+def under_mesh(fn: Callable[..., Any], mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_RULES
+               ) -> Callable[..., Any]:
+  """`fn` running with `mesh` (as the abstract mesh) and the logical `rules` active, so that tracing it
+  emits the model's activation sharding constraints. Wrap *before* `jax.jit`: the contexts are entered
+  inside the trace (`jax.set_mesh` may not be), so every retrace sees them too."""
+
+  @functools.wraps(fn)
+  def traced(*args: Any, **kwargs: Any) -> Any:
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), spmd.logical_axis_rules(rules):
+      return fn(*args, **kwargs)
+
+  return traced
 
 
 def state_shardings(state: nnx.State, mesh: Mesh,

@@ -13,6 +13,7 @@ import pathlib
 from collections.abc import Callable
 
 from flax import nnx
+from jax.sharding import Mesh
 
 from clawjax.models import hf_io
 from clawjax.models.config import PRESETS
@@ -44,15 +45,16 @@ def _decoder_for(hf_dir: pathlib.Path) -> Callable[[list[int]], str] | None:
   return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
 
-def load_model(spec: str, seed: int = 0, **runtime) -> LoadedModel:
-  """`runtime` sets ModelConfig run-time fields (dtype, param_dtype)."""
+def load_model(spec: str, seed: int = 0, mesh: Mesh | None = None, **runtime) -> LoadedModel:
+  """`runtime` sets ModelConfig run-time fields (dtype, param_dtype). With a `mesh`, real weights load
+  straight into their shards (`hf_io.load`); a random preset is initialised on the host either way."""
   if spec in PRESETS and spec not in REAL_PRESETS:
     cfg = PRESETS[spec].replace(**runtime)
     return LoadedModel(Decoder(cfg, rngs=nnx.Rngs(seed)), spec, cfg.eos_token_id, None)
   hf_dir = real_preset_dir(spec) if spec in REAL_PRESETS else pathlib.Path(spec)
   if not (hf_dir / "config.json").is_file():
     raise ValueError(f"--model {spec!r}: neither a preset ({sorted(PRESETS)}) nor a directory with config.json")
-  model = hf_io.load(hf_dir, **runtime)
+  model = hf_io.load(hf_dir, mesh=mesh, **runtime)
   return LoadedModel(model, str(hf_dir), model.cfg.eos_token_id, _decoder_for(hf_dir))
 
 

@@ -174,7 +174,7 @@ class Attention(nnx.Module):
       q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
     q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, cfg.rope_theta), ("batch", "length", "heads", "head_dim"))
     k_BTKH = constrain(apply_rope(k_BTKH, positions_BT, cfg.rope_theta), ("batch", "length", "kv_heads", "head_dim"))
-    return q_BTNH, k_BTKH, v_BTKH
+    return q_BTNH, k_BTKH, constrain(v_BTKH, ("batch", "length", "kv_heads", "head_dim"))
 
   def project_out(self, o_BTNH: jax.Array) -> jax.Array:
     return jnp.einsum("btnh,nhd->btd", o_BTNH.astype(self.cfg.dtype), self.o_proj[...].astype(self.cfg.dtype))
@@ -184,4 +184,4 @@ class Attention(nnx.Module):
     q_BTNH, k_BTKH, v_BTKH = self.project_qkv(x_BTD, positions_BT)
     kernel = KERNELS[self.cfg.attention_impl]
     o_BTNH = kernel(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, block=self.cfg.attention_block)
-    return self.project_out(o_BTNH)
+    return self.project_out(constrain(o_BTNH, ("batch", "length", "heads", "head_dim")))

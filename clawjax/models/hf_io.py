@@ -4,6 +4,11 @@ Names follow the Hub layout of LlamaForCausalLM / Qwen3ForCausalLM / Qwen3MoeFor
 `mlp.experts.{e}.gate_proj.weight`); transformers 5's fused in-memory expert layout
 (`mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) is accepted on load as well. Export writes the Hub
 layout, so transformers, vLLM, SGLang and our own loader read it back.
+
+`load(hf_dir, mesh=mesh)` loads shard by shard: the module is built abstractly (`nnx.eval_shape`) and each
+param is made with `jax.make_array_from_callback` from the regions of the safetensors tensors that its
+devices hold (`safe_open(...).get_slice`), transposing / unfusing per region, so no tensor that the mesh
+splits is ever read whole (a 30B checkpoint never materialises on one host).
 """
 
 from __future__ import annotations
@@ -12,16 +17,20 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from safetensors import safe_open
 from safetensors.flax import save_file
 
+from clawjax import sharding
 from clawjax.models.config import ModelConfig
 from clawjax.models.model import Decoder
 
@@ -74,7 +83,8 @@ def load_config(hf_dir: str | pathlib.Path, **runtime: Any) -> ModelConfig:
 
 
 class _Tensors:
-  """Lazy name -> array view of a HF directory's safetensors files (single or sharded)."""
+  """Lazy view of a HF directory's safetensors files (single or sharded): shapes, and regions read with
+  `get_slice`, so only the requested bytes leave the file."""
 
   def __init__(self, hf_dir: pathlib.Path):
     index = hf_dir / INDEX_FILE
@@ -88,73 +98,171 @@ class _Tensors:
     self.where: dict[str, pathlib.Path] = {}
     self._handles = {}
     for name in files:
-      handle = safe_open(hf_dir / name, framework="flax")
+      handle = safe_open(hf_dir / name, framework="np")
       self._handles[name] = handle
       for key in handle.keys():
         self.where[key] = hf_dir / name
 
-  def get(self, key: str) -> jax.Array:
-    return self._handles[self.where[key].name].get_tensor(key)
+  def _slice(self, key: str):
+    return self._handles[self.where[key].name].get_slice(key)
+
+  def shape(self, key: str) -> tuple[int, ...]:
+    return tuple(self._slice(key).get_shape())
+
+  def read(self, key: str, index: tuple[int | slice, ...]) -> np.ndarray:
+    """tensor[index] (ints and unit-step slices) as a host array in the stored dtype."""
+    return self._slice(key)[index]
 
 
-_FUSED_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+@dataclasses.dataclass(frozen=True)
+class _Source:
+  """Where one HF-layout tensor is stored: `prefix` indexes the stored tensor `key` (an int picks, a
+  slice offsets), e.g. expert e's gate_proj in transformers 5's fused layout is gate_up_proj[e, :F]."""
+  key: str
+  prefix: tuple[int | slice, ...] = ()
+
+  def shape(self, tensors: _Tensors) -> tuple[int, ...]:
+    stored = tensors.shape(self.key)
+    kept = [p.stop - p.start for p in self.prefix if isinstance(p, slice)] + list(stored[len(self.prefix):])
+    return tuple(kept)
+
+  def read(self, tensors: _Tensors, region: tuple[slice, ...]) -> np.ndarray:
+    """The HF-layout tensor's `region` (normalised unit-step slices, one per dim)."""
+    index, rest = [], iter(region)
+    for p in self.prefix:
+      if isinstance(p, slice):
+        r = next(rest)
+        index.append(slice(p.start + r.start, p.start + r.stop))
+      else:
+        index.append(p)
+    return tensors.read(self.key, tuple(index) + tuple(rest))
 
 
-def _unfuse_experts(tensors: _Tensors, cfg: ModelConfig) -> dict[str, jax.Array]:
-  """Per-expert HF names for transformers-5 fused expert tensors, if the checkpoint uses them."""
-  out = {}
-  f = cfg.moe_mlp_dim
-  for key in [k for k in tensors.where if k.endswith(_FUSED_EXPERTS[0])]:
-    prefix = key[: -len("gate_up_proj")]
-    gate_up_EFD, down_EDF = tensors.get(key), tensors.get(prefix + "down_proj")
-    for e in range(gate_up_EFD.shape[0]):
-      out[f"{prefix}{e}.gate_proj.weight"] = gate_up_EFD[e, :f]
-      out[f"{prefix}{e}.up_proj.weight"] = gate_up_EFD[e, f:]
-      out[f"{prefix}{e}.down_proj.weight"] = down_EDF[e]
-  return out
+_FUSED_EXPERT = re.compile(r"(.*\.mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight")
 
 
-def load(hf_dir: str | pathlib.Path, **runtime: Any) -> Decoder:
-  """A `Decoder` with the weights of a local HF directory, stored in `param_dtype` (runtime field)."""
-  hf_dir = pathlib.Path(hf_dir)
-  cfg = load_config(hf_dir, **runtime)
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
-  params = {path: var for path, var in nnx.to_flat_state(abstract)}
-  tensors = _Tensors(hf_dir)
-  fused = _unfuse_experts(tensors, cfg)
-  values: dict[tuple[Any, ...], Any] = {}
-  used = set()
+def _source(name: str, tensors: _Tensors, cfg: ModelConfig, hf_dir: pathlib.Path) -> _Source:
+  if name in tensors.where:
+    return _Source(name)
+  fused = _FUSED_EXPERT.fullmatch(name)
+  if fused and fused[1] + "gate_up_proj" in tensors.where:
+    prefix, e, f = fused[1], int(fused[2]), cfg.moe_mlp_dim
+    if fused[3] == "down":
+      return _Source(prefix + "down_proj", (e,))
+    return _Source(prefix + "gate_up_proj", (e, slice(0, f) if fused[3] == "gate" else slice(f, 2 * f)))
+  raise KeyError(f"{hf_dir}: tensor {name!r} missing from the safetensors files")
+
+
+def _flat_range(region: Sequence[slice], dims: Sequence[int]) -> tuple[int, int, np.ndarray]:
+  """(lo, hi, flat indices) of a box `region` of an array of shape `dims` flattened row-major."""
+  grids = np.meshgrid(*[np.arange(r.start, r.stop) for r in region], indexing="ij")
+  flat = np.ravel_multi_index(grids, tuple(dims)).reshape(-1)
+  return int(flat.min()), int(flat.max()) + 1, flat
+
+
+@dataclasses.dataclass(frozen=True)
+class _ParamPlan:
+  """How to read any box of one of our params: from one HF tensor, or one per expert (leading axis).
+
+  A HF Linear [out, in] with in_dims = n maps to our [in..., out...] = W.T reshaped; a box of ours is
+  read as the smallest row/column block of W covering it (exact when the split axes are the leading ones
+  of their group, as the sharding rules make them), then transposed and picked."""
+  shape: tuple[int, ...]      # ours (per expert for expert params)
+  in_dims: int
+  sources: tuple[_Source, ...]
+  per_expert: bool
+  dtype: Any
+
+  def read(self, tensors: _Tensors, index: tuple[slice, ...], full_shape: tuple[int, ...]) -> np.ndarray:
+    if any(s.step not in (None, 1) for s in index):
+      raise ValueError(f"strided shard index {index}")
+    region = tuple(slice(*s.indices(dim)[:2]) for s, dim in zip(index, full_shape))
+    if not self.per_expert:
+      return self._read_one(tensors, self.sources[0], region)
+    experts = range(region[0].start, region[0].stop)
+    return np.stack([self._read_one(tensors, self.sources[e], region[1:]) for e in experts])
+
+  def _read_one(self, tensors: _Tensors, source: _Source, region: tuple[slice, ...]) -> np.ndarray:
+    n = self.in_dims
+    if not n:
+      return source.read(tensors, region).astype(self.dtype)
+    in_lo, in_hi, in_flat = _flat_range(region[:n], self.shape[:n])
+    out_lo, out_hi, out_flat = _flat_range(region[n:], self.shape[n:])
+    block_OI = source.read(tensors, (slice(out_lo, out_hi), slice(in_lo, in_hi)))
+    picked_IO = block_OI.T[np.ix_(in_flat - in_lo, out_flat - out_lo)]
+    return picked_IO.reshape([r.stop - r.start for r in region]).astype(self.dtype)
+
+
+def _plans(cfg: ModelConfig, tensors: _Tensors, params: dict[tuple[Any, ...], Any],
+           hf_dir: pathlib.Path) -> dict[tuple[Any, ...], _ParamPlan]:
+  """A read plan per param, after checking every HF tensor's shape against config.json."""
+  sources: dict[tuple[Any, ...], list[tuple[_Entry, _Source]]] = {}
   for entry in _entries(cfg):
-    if entry.hf_name in fused:
-      w = fused[entry.hf_name]
-    elif entry.hf_name in tensors.where:
-      w = tensors.get(entry.hf_name)
-      used.add(entry.hf_name)
-    else:
-      raise KeyError(f"{hf_dir}: tensor {entry.hf_name!r} missing from the safetensors files")
-    target = params[entry.path]
-    shape = target.shape[1:] if entry.expert is not None else target.shape
+    sources.setdefault(entry.path, []).append((entry, _source(entry.hf_name, tensors, cfg, hf_dir)))
+  plans = {}
+  for path, pairs in sources.items():
+    entry = pairs[0][0]
+    target = params[path]
+    shape = tuple(target.shape[1:] if entry.expert is not None else target.shape)
     n = entry.in_dims
-    expected = (math.prod(shape[n:]), math.prod(shape[:n])) if n else tuple(shape)
-    if tuple(w.shape) != expected:
-      raise ValueError(f"{tensors.where.get(entry.hf_name, hf_dir)}: {entry.hf_name} has shape "
-                       f"{tuple(w.shape)}, config.json implies {expected}")
-    w = (w.T if n else w).reshape(shape).astype(cfg.param_dtype)  # HF Linear [out, in] -> [in..., out...]
-    if entry.expert is None:
-      values[entry.path] = w
-    else:
-      values.setdefault(entry.path, [None] * cfg.n_experts)[entry.expert] = w
-  ignorable = {k for k in tensors.where if k.endswith(_FUSED_EXPERTS) or k.endswith("rotary_emb.inv_freq")}
+    expected = (math.prod(shape[n:]), math.prod(shape[:n])) if n else shape
+    for e, source in pairs:
+      if source.shape(tensors) != expected:
+        raise ValueError(f"{tensors.where[source.key]}: {e.hf_name} has shape {source.shape(tensors)}, "
+                         f"config.json implies {expected}")
+    plans[path] = _ParamPlan(shape, n, tuple(s for _, s in pairs), entry.expert is not None,
+                             np.dtype(jnp.dtype(cfg.param_dtype)))
+  return plans
+
+
+def _check_all_used(cfg: ModelConfig, tensors: _Tensors, plans: dict[tuple[Any, ...], _ParamPlan],
+                    hf_dir: pathlib.Path) -> None:
+  used = {s.key for plan in plans.values() for s in plan.sources}
+  ignorable = {k for k in tensors.where if k.endswith("rotary_emb.inv_freq")}
   if cfg.tie_embeddings:
     ignorable.add("lm_head.weight")
   unexpected = sorted(set(tensors.where) - used - ignorable)
   if unexpected:
     raise ValueError(f"{hf_dir}: tensors that a {cfg.family} config.json does not explain, e.g. "
                      f"{unexpected[:3]} (in {tensors.where[unexpected[0]].name})")
-  flat = []
-  for path, var in params.items():
-    value = values[path]
-    flat.append((path, var.replace(jnp.stack(value) if isinstance(value, list) else value)))
+
+
+def _fill(plan: _ParamPlan, tensors: _Tensors, shape: tuple[int, ...], target: jax.sharding.Sharding | None
+          ) -> jax.Array:
+  full = tuple(slice(None) for _ in shape)
+  if target is None:
+    return jnp.asarray(plan.read(tensors, full, shape))
+  cache: dict[tuple, np.ndarray] = {}  # devices that replicate a shard share one read
+
+  def shard(index: tuple[slice, ...]) -> np.ndarray:
+    key = tuple(s.indices(dim) for s, dim in zip(index, shape))
+    if key not in cache:
+      cache[key] = plan.read(tensors, index, shape)
+    return cache[key]
+
+  return jax.make_array_from_callback(shape, target, shard)
+
+
+def load(hf_dir: str | pathlib.Path, *, mesh: Mesh | None = None,
+         rules: Sequence[tuple[str, Any]] = sharding.DEFAULT_RULES, **runtime: Any) -> Decoder:
+  """A `Decoder` with the weights of a local HF directory, stored in `param_dtype` (runtime field).
+
+  Without `mesh`, each param is read whole onto the default device. With `mesh`, each param is created
+  sharded by `rules` (`sharding.state_shardings`), each distinct shard read once from the files for the
+  devices that hold it (a process reads only its own devices' shards); the model can go to
+  `Learner(..., mesh=mesh, rules=rules)` without another copy (the learner then owns, and donates, its
+  arrays)."""
+  hf_dir = pathlib.Path(hf_dir)
+  cfg = load_config(hf_dir, **runtime)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+  params = dict(nnx.to_flat_state(abstract))
+  tensors = _Tensors(hf_dir)
+  plans = _plans(cfg, tensors, params, hf_dir)
+  _check_all_used(cfg, tensors, plans, hf_dir)
+  targets = {path: var.get_value() for path, var in
+             nnx.to_flat_state(sharding.state_shardings(abstract, mesh, rules))} if mesh else {}
+  flat = [(path, var.replace(_fill(plans[path], tensors, tuple(var.shape), targets.get(path))))
+          for path, var in params.items()]
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

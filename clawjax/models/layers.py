@@ -2,13 +2,12 @@
 
 Every parameter carries NNX `out_sharding` metadata with *logical* axis names ("vocab", "embed", "mlp",
 "heads", "kv_heads", "head_dim", "expert"); clawjax/sharding.py maps them to mesh axes. Eager sharding is
-off, so a model builds without a mesh; a learner shards with
-`nnx.get_partition_spec(nnx.state(model))` under `flax.core.spmd.logical_axis_rules(rules)`.
+off, so a model builds without a mesh; a learner shards with `clawjax.sharding.state_shardings`.
+Activations are annotated with `constrain` ("batch", "length" and the parameters' names).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import jax
@@ -17,6 +16,7 @@ from flax import nnx
 from flax.core import spmd
 
 from clawjax.models.config import ModelConfig
+from clawjax.sharding import logical_to_mesh
 
 LogicalAxes = Sequence[str | None]
 
@@ -35,28 +35,15 @@ def param(rngs: nnx.Rngs, shape: Sequence[int], axes: LogicalAxes, dtype: str, *
 
 def constrain(x: jax.Array, axes: LogicalAxes) -> jax.Array:
   """Logical sharding constraint on an activation; a no-op unless logical axis rules
-  (`flax.core.spmd.logical_axis_rules`) and a mesh (`jax.set_mesh`) are both active.
-
-  A logical name maps to its rule's mesh axes, minus axes that are absent from the mesh, already used by
-  an earlier dimension (e.g. "batch" and "embed" both on "fsdp"), or that do not divide the dimension;
-  what is left empty stays unconstrained, so one rule set fits every shape.
+  (`flax.core.spmd.logical_axis_rules`) and a mesh are both active while tracing, as under
+  `clawjax.sharding.under_mesh`. Names map to mesh axes exactly as parameters' do
+  (`sharding.logical_to_mesh`), so an axis that does not divide a dimension leaves it replicated.
   """
   rules = spmd.get_logical_axis_rules()
   mesh = jax.sharding.get_abstract_mesh()
   if not rules or mesh.empty:
     return x
-  used: set[str] = set()
-  spec = []
-  for name, dim in zip(axes, x.shape):
-    target = next((mesh_axes for logical, mesh_axes in rules if logical == name), None)
-    targets = (target,) if isinstance(target, str) else tuple(target or ())
-    targets = tuple(a for a in targets if a in mesh.shape and a not in used)
-    if targets and dim % math.prod(mesh.shape[a] for a in targets) == 0:
-      spec.append(targets)
-      used.update(targets)
-    else:
-      spec.append(None)
-  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+  return jax.lax.with_sharding_constraint(x, logical_to_mesh(axes, x.shape, mesh, rules))
 
 
 class RMSNorm(nnx.Module):

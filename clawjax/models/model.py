@@ -37,8 +37,10 @@ class DecoderLayer(nnx.Module):
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
                subtree_end_BT: jax.Array) -> jax.Array:
-    x_BTD = x_BTD + self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT, subtree_end_BT)
-    x_BTD = x_BTD + self.mlp(self.mlp_norm(x_BTD))
+    # Constrained per branch so a tensor-parallel partial sum is reduced before the residual add.
+    attn_BTD = self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT, subtree_end_BT)
+    x_BTD = x_BTD + constrain(attn_BTD, ("batch", "length", "embed"))
+    x_BTD = x_BTD + constrain(self.mlp(self.mlp_norm(x_BTD)), ("batch", "length", "embed"))
     return constrain(x_BTD, ("batch", "length", "embed"))
 
 
@@ -62,7 +64,9 @@ class Decoder(nnx.Module):
         rngs, (cfg.d_model, cfg.vocab_size), ("embed", "vocab"), cfg.param_dtype)
 
   def embed(self, tokens_BT: jax.Array) -> jax.Array:
-    x_BTD = jnp.take(self.embedding[...], tokens_BT, axis=0).astype(self.cfg.dtype)
+    # FSDP-gather the table's "embed" dim first: a lookup from it cannot re-split rows over the batch axes.
+    table_VD = constrain(self.embedding[...], ("vocab", None))
+    x_BTD = jnp.take(table_VD, tokens_BT, axis=0).astype(self.cfg.dtype)
     return constrain(x_BTD, ("batch", "length", "embed"))
 
   def hidden(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
@@ -77,10 +81,13 @@ class Decoder(nnx.Module):
     """Vocab projection with float32 accumulation and output (log-probs need float32)."""
     dtype = self.cfg.dtype
     if self.lm_head is None:
-      return jnp.einsum("...d,vd->...v", hidden_BTD.astype(dtype), self.embedding[...].astype(dtype),
-                        preferred_element_type=jnp.float32)
-    return jnp.einsum("...d,dv->...v", hidden_BTD.astype(dtype), self.lm_head[...].astype(dtype),
-                      preferred_element_type=jnp.float32)
+      logits = jnp.einsum("...d,vd->...v", hidden_BTD.astype(dtype), self.embedding[...].astype(dtype),
+                          preferred_element_type=jnp.float32)
+    else:
+      logits = jnp.einsum("...d,dv->...v", hidden_BTD.astype(dtype), self.lm_head[...].astype(dtype),
+                          preferred_element_type=jnp.float32)
+    # Vocab-parallel: each tensor shard keeps its slice of the (largest) activation; the softmax reduces.
+    return constrain(logits, ("batch",) + ("length",) * (logits.ndim - 2) + ("vocab",))
 
   def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
                subtree_end_BT: jax.Array) -> jax.Array:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from clawjax.models.config import ModelConfig
-from clawjax.models.layers import param
+from clawjax.models.layers import constrain, param
 
 
 class MoE(nnx.Module):
@@ -46,7 +46,9 @@ class MoE(nnx.Module):
     group_sizes_E = jnp.bincount(experts_NK.reshape(-1), length=cfg.n_experts).astype(jnp.int32)
     gate_MF = jax.lax.ragged_dot(x_MD, self.gate[...].astype(cfg.dtype), group_sizes_E)
     up_MF = jax.lax.ragged_dot(x_MD, self.up[...].astype(cfg.dtype), group_sizes_E)
-    y_MD = jax.lax.ragged_dot(jax.nn.silu(gate_MF) * up_MF, self.down[...].astype(cfg.dtype), group_sizes_E)
+    # Expert MLPs tensor-parallel over "mlp" like the dense MLP; the sort by expert is over all tokens.
+    h_MF = constrain(jax.nn.silu(gate_MF) * up_MF, (None, "mlp"))
+    y_MD = jax.lax.ragged_dot(h_MF, self.down[...].astype(cfg.dtype), group_sizes_E)
     y_NKD = jnp.zeros_like(y_MD).at[order_M].set(y_MD).reshape(b * t, k, d)
     out_ND = jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype))
     return out_ND.reshape(b, t, d)

@@ -41,7 +41,14 @@ class LearnerConfig:
   c_bar: float = 2.0               # TIS truncation: w_t = min(pi_old / pi_rollout, c_bar) (peer systems)
   temperature: float = 1.0         # MUST equal the rollout sampling temperature: logp = log_softmax(z / T)
   normalisation: str = "unique"    # "unique": a shared prefix token counts once; "paths": mean over paths
-  micro_batches: int = 1           # gradient accumulation steps per update (rows split evenly)
+  micro_batches: int = 1           # micro-batches per batch: rows split evenly, gradients accumulated
+  # Several optimizer updates per batch (PPO-style reuse), pi_old / V_old / pi_ref frozen before the
+  # first: `epochs` passes over the batch, each of `minibatches` updates. A minibatch is a group of
+  # micro_batches / minibatches micro-batches (so minibatches must divide micro_batches; micro_batches
+  # keeps its memory meaning), normalised by its own weight sum. Whole rows: a tree is never split.
+  epochs: int = 1                  # 1 = a single pass (PPO paper, Schulman et al. 2017: 3 Atari, 10 MuJoCo)
+  minibatches: int = 1             # optimizer updates per epoch
+  shuffle: bool = False            # per epoch, deal whole rows into minibatches by a random permutation
   logits_chunk: int = 512          # loss tokens per vocab-projection chunk (memory: rows x chunk x vocab)
   seed: int = 0                    # seeds the learner RNG carried in the train state and checkpoints
   value: ValueConfig = ValueConfig()
@@ -54,8 +61,11 @@ class LearnerConfig:
       raise ValueError(f"LearnerConfig.value.kind={self.value.kind!r}: use one of {VALUE_KINDS}")
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"LearnerConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
-    for name in ("micro_batches", "logits_chunk"):
+    for name in ("micro_batches", "logits_chunk", "epochs", "minibatches"):
       if getattr(self, name) < 1:
         raise ValueError(f"LearnerConfig.{name}={getattr(self, name)} must be >= 1")
+    if self.micro_batches % self.minibatches:
+      raise ValueError(f"LearnerConfig.minibatches={self.minibatches} must divide micro_batches="
+                       f"{self.micro_batches}: a minibatch is a group of consecutive micro-batches")
     if self.temperature <= 0 or self.c_bar <= 0:
       raise ValueError("LearnerConfig.temperature and c_bar must be > 0")

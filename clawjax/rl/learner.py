@@ -1,11 +1,20 @@
-"""The sharded train step: pi_old pass, micro-batch gradient accumulation, one optimizer update.
+"""The sharded train step: pi_old pass, then epochs x minibatches optimizer updates with accumulation.
 
 One `Learner.step(packed_batch)` is one jitted call over a Mesh:
   1. pi_old pass (no gradient, micro-batch by micro-batch): logp_old with the current params, V_old and
-     log pi_ref where needed. TIS weights w_t = min(exp(logp_old - logp_rollout), c_bar) come from it.
-  2. gradient pass: a scan over micro-batches; each adds sum(weight * token_loss) / N to the loss and its
-     gradient, N = the weight sum over the *whole* batch, so k micro-batches equal one big batch.
-  3. clip by global norm, optimizer update. The train state's buffers are donated.
+     log pi_ref where needed, frozen for every update of the step. TIS weights
+     w_t = min(exp(logp_old - logp_rollout), c_bar) come from it.
+  2. `epochs` passes over the batch (a scan), each a scan over `minibatches` optimizer updates. A
+     minibatch is a group of consecutive micro-batches (whole rows: tokens of a tree row share prefixes),
+     or with `shuffle` a random deal of whole rows per epoch. Each update: a scan over the minibatch's
+     micro-batches, each adding sum(weight * token_loss) / N to the loss and its gradient, N = the weight
+     sum over the *minibatch*, so k micro-batches equal one big minibatch; then clip and optimizer update.
+     The defaults (1 epoch, 1 minibatch) are one update on the whole batch. A minibatch of padding rows
+     only still steps the optimizer with a zero gradient, as an empty batch always did.
+  3. Metrics: each loss metric is its weighted mean over the first epoch (every loss token once, seen
+     by the params of its minibatch's update: with one minibatch the pre-update values, ratio 1), with
+     `<name>_last` over the last epoch when epochs > 1; grad_norm is the mean over an epoch's updates;
+     `updates` counts optimizer updates. The train state's buffers are donated.
 Params and optimizer state are laid out by clawjax.sharding's logical-axis rules; batch rows are split
 over the data and fsdp mesh axes.
 """
@@ -13,6 +22,7 @@ over the data and fsdp mesh axes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +47,7 @@ from clawjax.tree.batch import PackedBatch
 class TrainState:
   params: dict[str, nnx.State]      # "policy", and "value" when the config has a critic
   opt_state: Any
-  step: jax.Array                   # int32 scalar: optimizer updates done
+  step: jax.Array                   # int32 scalar: optimizer updates done (epochs x minibatches a step)
   rng: jax.Array                    # uint32[2] raw PRNG key; the step's key goes to the loss
   ref_params: nnx.State | None      # frozen initial policy for the KL term (kl_coef > 0), else None
   value_opt_state: Any = None       # optimizer state of value pretraining (critic params only)
@@ -61,6 +71,17 @@ def _normaliser(batch: DeviceBatch) -> jax.Array:
   """The global weight sum N over all micro-batches (1 for a batch without loss tokens)."""
   norm = jnp.sum(batch.weight)
   return jnp.where(norm > 0, norm, 1.0)
+
+
+def _trunk_tokens(batch: DeviceBatch) -> jax.Array:
+  """Tokens the trunk runs on (for tokens/s), counted once per step however many updates reuse them."""
+  return jnp.sum(batch.segment_ids > 0).astype(jnp.float32)
+
+
+def _deal_rows(perm: jax.Array, x: jax.Array) -> jax.Array:
+  """[M, r, ...] -> the same shape with its M x r rows reordered by `perm` (rows stay whole)."""
+  rows = x.reshape(-1, *x.shape[2:])
+  return jnp.take(rows, perm, axis=0).reshape(x.shape)
 
 
 class Learner:
@@ -105,11 +126,13 @@ class Learner:
 
     batch_sh = DeviceBatch(*[sharding.batch_sharding(self.mesh, 3, leading=1)] * len(dataclasses.fields(DeviceBatch)))
     self.batch_sharding = batch_sh
-    self._train = jax.jit(self._train_fn, in_shardings=(self.state_sharding, batch_sh, None),
+    traced = lambda fn: sharding.under_mesh(fn, self.mesh, rules)  # activation constraints active
+    self._train = jax.jit(traced(self._train_fn), in_shardings=(self.state_sharding, batch_sh, None),
                           out_shardings=(self.state_sharding, replicated), donate_argnums=0)
-    self._loss_and_grads = jax.jit(self._loss_and_grads_fn, in_shardings=(self.state_sharding, batch_sh, None),
+    self._loss_and_grads = jax.jit(traced(self._loss_and_grads_fn),
+                                   in_shardings=(self.state_sharding, batch_sh, None),
                                    out_shardings=(replicated, param_sh, replicated))
-    self._pretrain = jax.jit(self._pretrain_fn, in_shardings=(self.state_sharding, batch_sh, None),
+    self._pretrain = jax.jit(traced(self._pretrain_fn), in_shardings=(self.state_sharding, batch_sh, None),
                              out_shardings=(self.state_sharding, replicated), donate_argnums=0)
 
   # ---- host API -------------------------------------------------------------------------------------
@@ -122,7 +145,8 @@ class Learner:
     return jax.device_put(device_batch, self.batch_sharding)
 
   def step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
-    """One update; returns the metrics (host floats) including grad_norm and tokens_per_s."""
+    """One step (epochs x minibatches updates); returns the metrics (host floats) including grad_norm,
+    updates and tokens_per_s (batch tokens per second of the whole step)."""
     batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
     start = time.perf_counter()
     self.state, metrics = self._train(self.state, batch, self.rest)
@@ -134,7 +158,8 @@ class Learner:
     return out
 
   def loss_and_grads(self, batch: PackedBatch | DeviceBatch) -> tuple[float, dict, dict[str, float]]:
-    """The step's loss, gradient and metrics without updating (for checks and benchmarks)."""
+    """Loss, gradient and metrics of one update on the whole batch at the current params, without
+    updating (the step's update with the default 1 epoch x 1 minibatch; for checks and benchmarks)."""
     batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
     loss, grads, metrics = self._loss_and_grads(self.state, batch, self.rest)
     return float(loss), grads, {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -216,7 +241,7 @@ class Learner:
     metrics.update(self._tis_metrics(batch, old, norm))
     metrics["loss"] = loss
     metrics["grad_norm"] = optax.global_norm(grads)  # before clipping
-    metrics["tokens"] = jnp.sum(batch.segment_ids > 0).astype(jnp.float32)  # trunk tokens (for tokens/s)
+    metrics["tokens"] = _trunk_tokens(batch)
     return loss, grads, metrics
 
   def _tis_metrics(self, batch: DeviceBatch, old: dict, norm: jax.Array) -> dict[str, jax.Array]:
@@ -227,11 +252,50 @@ class Learner:
             "max_abs_logp_old_minus_rollout": jnp.max(jnp.where(batch.weight > 0, diff, 0.0))}
 
   def _train_fn(self, state: TrainState, batch: DeviceBatch, rest):
-    loss, grads, metrics = self._loss_and_grads_fn(state, batch, rest)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    rng, _ = jax.random.split(state.rng)
-    new = dataclasses.replace(state, params=optax.apply_updates(state.params, updates), opt_state=opt_state,
-                              step=state.step + 1, rng=rng)
+    cfg = self.cfg
+    micro = batch.tokens.shape[0]
+    if micro % cfg.minibatches:
+      raise ValueError(f"the DeviceBatch has {micro} micro-batches: LearnerConfig.minibatches="
+                       f"{cfg.minibatches} must divide it (prepare it with this learner's config)")
+    old = self._old_pass(state, batch, rest)
+    norm = _normaliser(batch)
+    rng, step_rng = jax.random.split(state.rng)
+    n = cfg.epochs * cfg.minibatches
+    # Update u's loss key is fold_in(step key, u), except that update 0 keeps the step key itself (what a
+    # one-update step has always used); epoch e's shuffle key is fold_in(step key, n + e).
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(step_rng, jnp.arange(n + cfg.epochs)).at[0].set(step_rng)
+    update_keys = keys[:n].reshape(cfg.epochs, cfg.minibatches, *keys.shape[1:])
+
+    def update(carry, xs):
+      params, opt_state = carry
+      mb_batch, mb_old, key = xs
+      mb_norm = _normaliser(mb_batch)
+      loss_fn = lambda p, mb, o, mb_n: self._micro_loss(p, rest, mb, o, mb_n, key)
+      loss, grads, metrics = self._accumulate(loss_fn, params, mb_batch, mb_old, mb_norm)
+      updates, opt_state = self.tx.update(grads, opt_state, params)
+      share = mb_norm / norm  # rescales minibatch means so that an epoch's sum is the batch mean
+      metrics = {k: v * share for k, v in dict(metrics, loss=loss).items()}
+      metrics["grad_norm"] = optax.global_norm(grads) / cfg.minibatches  # before clipping
+      return (optax.apply_updates(params, updates), opt_state), metrics
+
+    def epoch(carry, xs):
+      shuffle_key, keys_e = xs
+      data = (batch, old)
+      if cfg.shuffle:
+        perm = jax.random.permutation(shuffle_key, batch.tokens.shape[0] * batch.tokens.shape[1])
+        data = jax.tree.map(functools.partial(_deal_rows, perm), data)
+      minibatches = jax.tree.map(lambda x: x.reshape(cfg.minibatches, -1, *x.shape[1:]), data)
+      return jax.lax.scan(update, carry, (*minibatches, keys_e))
+
+    (params, opt_state), per_update = jax.lax.scan(epoch, (state.params, state.opt_state),
+                                                   (keys[n:], update_keys))
+    metrics = {k: jnp.sum(v[0]) for k, v in per_update.items()}
+    if cfg.epochs > 1:
+      metrics.update({f"{k}_last": jnp.sum(v[-1]) for k, v in per_update.items()})
+    metrics.update(self._tis_metrics(batch, old, norm))
+    metrics["tokens"] = _trunk_tokens(batch)
+    metrics["updates"] = jnp.float32(n)
+    new = dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + n, rng=rng)
     return new, metrics
 
   def _pretrain_fn(self, state: TrainState, batch: DeviceBatch, rest):

@@ -65,11 +65,12 @@ log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.json"
 
 
-def build_policy(settings: ModelSettings, seed: int) -> Decoder:
-  """A random preset architecture (with `overrides`), or real weights from a preset / HF dir."""
+def build_policy(settings: ModelSettings, seed: int, mesh: jax.sharding.Mesh | None = None) -> Decoder:
+  """A random preset architecture (with `overrides`), or real weights from a preset / HF dir (loaded
+  shard by shard onto `mesh` when given)."""
   if settings.init in PRESETS and (settings.random_init or settings.init not in REAL_PRESETS):
     return Decoder(PRESETS[settings.init].replace(**settings.overrides), rngs=nnx.Rngs(seed))
-  return load_model(settings.init, seed=seed, **settings.overrides).model
+  return load_model(settings.init, seed=seed, mesh=mesh, **settings.overrides).model
 
 
 def select_tasks(path: str, task_ids: tuple[str, ...] = ()) -> list[Task]:
@@ -192,6 +193,9 @@ class Trainer:
     self.metrics = MetricsWriter(self.workdir, cfg.tensorboard)
     self.ckpt = Checkpointer(self.workdir / "checkpoints", cfg.keep_checkpoints)
     self.loss_slots = cfg.learner.logits_chunk
+    sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert]
+    devices = jax.devices() if -1 in sizes else jax.devices()[:math.prod(sizes)]
+    self.mesh = sharding.make_mesh(cfg.mesh, devices)
 
   def _learner(self, policy: Decoder) -> Learner:
     cfg = self.cfg
@@ -199,9 +203,7 @@ class Trainer:
     if cfg.learner.value.kind != "none":
       trunk = nnx.clone(policy) if cfg.learner.value.kind == "separate" else None
       value = make_value_model(cfg.learner.value.kind, policy.cfg.d_model, trunk)
-    sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert]
-    devices = jax.devices() if -1 in sizes else jax.devices()[:math.prod(sizes)]
-    return Learner(cfg.learner, policy, value=value, mesh=sharding.make_mesh(cfg.mesh, devices))
+    return Learner(cfg.learner, policy, value=value, mesh=self.mesh)
 
   def _cold_start(self, policy: Decoder) -> Decoder:
     cfg = self.cfg
@@ -226,8 +228,9 @@ class Trainer:
     if pretrain_value:
       rows = [learner.pretrain_value_step(prepared[i % len(prepared)]) for i in range(self.cfg.value_pretrain_steps)]
       out.update({f"value_pretrain/{k}": v for k, v in rows[-1].items()})
-    out.update(_mean([learner.step(b) for b in prepared]))
-    out["updates"] = float(len(prepared))
+    steps = [learner.step(b) for b in prepared]
+    out.update(_mean(steps))
+    out["updates"] = float(sum(m["updates"] for m in steps))
     return out
 
   def _slots(self, batch) -> int:
@@ -252,7 +255,7 @@ class Trainer:
     cfg = self.cfg
     t_run = time.time()
     resume = self.ckpt.latest_step()
-    policy = build_policy(cfg.model, cfg.seed)
+    policy = build_policy(cfg.model, cfg.seed, self.mesh)
     if resume is None and cfg.sft.steps:
       policy = self._cold_start(policy)
     learner = self._learner(policy)

@@ -66,5 +66,9 @@ def paper_config(harness: str) -> config_dict.ConfigDict:
   c.learner.c_bar = 2.0          # not published; peer systems use 2
   c.learner.temperature = 1.0    # must equal shim.temperature
   c.learner.micro_batches = 32   # 8 rows of 64K tokens per micro-batch (memory, not published)
+  # One update per collected batch, as the paper reports it ("256 rollouts per update"); raise for
+  # PPO-style reuse (pi_old frozen over several passes; the PPO paper used 3-10 epochs).
+  c.learner.epochs = 1
+  c.learner.minibatches = 1      # must divide micro_batches
   c.learner.logits_chunk = 512
   return c

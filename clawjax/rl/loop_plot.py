@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
 from clawjax.rl.loop_metrics import read_metrics  # pylint: disable=wrong-import-position
 
-LEARNER_KEYS = ("entropy", "approx_kl", "clip_fraction", "tis_truncated_fraction", "grad_norm",
-                "mean_abs_logp_old_minus_rollout")
+LEARNER_KEYS = ("entropy", "approx_kl", "clip_fraction", "clip_fraction_last", "tis_truncated_fraction",
+                "grad_norm", "mean_abs_logp_old_minus_rollout")
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

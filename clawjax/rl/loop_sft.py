@@ -117,7 +117,8 @@ def run_sft(policy, trees: list[CallTree], scores: RolloutScores, config: SFTCon
   """`config.steps` cross-entropy updates on random draws of `rows` demonstration trees; returns the
   trained policy module."""
   sft_cfg = dataclasses.replace(learner_config, loss="sft", lr=config.lr, kl_coef=0.0, warmup_steps=0,
-                                micro_batches=1, value=dataclasses.replace(learner_config.value, kind="none"))
+                                micro_batches=1, epochs=1, minibatches=1, shuffle=False,
+                                value=dataclasses.replace(learner_config.value, kind="none"))
   learner = Learner(sft_cfg, policy)
   rng = np.random.default_rng(seed)
   chunk = sft_cfg.logits_chunk
