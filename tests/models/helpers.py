@@ -55,6 +55,17 @@ class Tree:
   paths: list[list[int]]
 
 
+def save_fused(hf_dir, hf_model, out):
+  """A dump of `hf_model` as transformers 5 holds it in memory: experts fused (gate_up_proj [E, 2F, D])."""
+  from safetensors.torch import save_file
+  out.mkdir()
+  state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
+  assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
+  save_file(state, out / "model.safetensors")
+  (out / "config.json").write_text((hf_dir / "config.json").read_text())
+  return out
+
+
 def random_tree(rng: np.random.Generator, vocab: int, n_nodes: int = 5, max_span: int = 6) -> Tree:
   """A random tree whose nodes are token spans; node k > 0 hangs under a random earlier node."""
   parents = [-1] + [int(rng.integers(0, k)) for k in range(1, n_nodes)]

@@ -15,6 +15,8 @@ from clawjax.models import hf_io
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
 
+from .helpers import save_fused
+
 # Every rule splits something at these sizes: d 64 / fsdp, 4 heads and 2 kv heads / tensor, mlp 96 and
 # moe_mlp 32 / tensor, 8 experts / expert, vocab 128 / tensor.
 MESH = sharding.MeshConfig(data=1, fsdp=2, tensor=2, expert=2)
@@ -47,14 +49,7 @@ def _hf_dir(save_tiny_hf, tmp_path, layout: str):
   hf_dir, hf_model = save_tiny_hf("qwen3_moe", tie_word_embeddings=False, decoder_sparse_step=2)
   if layout == "hub":
     return hf_dir
-  from safetensors.torch import save_file
-  fused_dir = tmp_path / "fused"
-  fused_dir.mkdir()
-  state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
-  assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
-  save_file(state, fused_dir / "model.safetensors")
-  (fused_dir / "config.json").write_text((hf_dir / "config.json").read_text())
-  return fused_dir
+  return save_fused(hf_dir, hf_model, tmp_path / "fused")
 
 
 @pytest.mark.parametrize("layout", ["hub", "fused"])

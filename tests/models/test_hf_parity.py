@@ -9,7 +9,7 @@ import torch
 
 from clawjax.models import hf_io
 from clawjax.models.model import causal_inputs
-from .helpers import forward, rel_err
+from .helpers import forward, rel_err, save_fused
 
 # (HF model kind, config overrides, our attention kernel): each kernel meets each family at least once;
 # test_tree_attention.py checks the kernels against each other.
@@ -69,14 +69,8 @@ def test_bad_checkpoint_names_the_tensor(save_tiny_hf):
 
 def test_fused_expert_layout_loads(save_tiny_hf, tmp_path):
   """transformers 5 keeps experts fused in memory (gate_up_proj [E, 2F, D]); such a dump loads too."""
-  from safetensors.torch import save_file
   hf_dir, hf_model = save_tiny_hf("qwen3_moe")
-  fused_dir = tmp_path / "fused"
-  fused_dir.mkdir()
-  state = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
-  assert any(k.endswith("mlp.experts.gate_up_proj") for k in state)
-  save_file(state, fused_dir / "model.safetensors")
-  (fused_dir / "config.json").write_text((hf_dir / "config.json").read_text())
+  fused_dir = save_fused(hf_dir, hf_model, tmp_path / "fused")
   tokens = jnp.arange(12, dtype=jnp.int32)[None]
   np.testing.assert_array_equal(forward(hf_io.load(fused_dir), *causal_inputs(tokens)),
                                 forward(hf_io.load(hf_dir), *causal_inputs(tokens)))
