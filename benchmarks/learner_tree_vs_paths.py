@@ -11,7 +11,16 @@ Prints ideal_ratio (paths tokens / tree tokens), the median step time of each la
 side, after compiling), speedup (paths / tree step time) and max_rel_loss_diff / max_rel_grad_diff of
 loss and gradients (same params, both normalisations).
 
-  python benchmarks/learner_tree_vs_paths.py [--json] [--repeats 2] [--prompt-len 2000] ...
+Tokens are not the whole cost: a token also attends to each of its ancestors, and a tree token sits as
+deep as it does in any path, so attention work shrinks less than the token count (`attention_ratio`).
+How much that matters depends on the model's width: `flop_ratio` is the paths/tree ratio of the step's
+FLOPs for the chosen model (per-token projections and MLP + per-ancestor attention + the vocabulary
+projection at loss tokens, which the paths layout repeats on every path), the speedup a perfect kernel
+would reach; `tree_attention_flop_share` / `tree_logits_flop_share` say what the tree step is bound by.
+test-tiny (d_model 64) is almost all attention at these lengths; the real models' layers are not
+(Qwen3-30B-A3B spends as much on a token's layers as on attending to ~7K ancestors).
+
+  python benchmarks/learner_tree_vs_paths.py [--json] [--preset test-tiny --layers 0] [--rollouts 8] ...
 """
 
 from __future__ import annotations
@@ -52,6 +61,18 @@ def make_batches(args) -> tuple:
   return tree, paths, sum(len(cs) for cs in by_rollout.values())
 
 
+def layer_flops(cfg) -> tuple[float, float]:
+  """Forward FLOPs of one layer: (per token, excluding attention scores; per attended query-key pair)."""
+  d, q, kv = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+  mlp = (cfg.n_experts + 3 * cfg.top_k * cfg.moe_mlp_dim) * d if cfg.n_experts else 3 * d * cfg.mlp_dim
+  return 2.0 * (d * (q + 2 * kv) + q * d + mlp), 4.0 * q
+
+
+def attended_pairs(batch) -> float:
+  """Query-key pairs the mask allows: each token sees its depth + 1 ancestors-or-self."""
+  return float(np.sum(np.where(batch.segment_ids_RT > 0, batch.positions_RT + 1.0, 0.0)))
+
+
 def rel(a, b) -> float:
   la = [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(a))]
   lb = [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(b))]
@@ -61,37 +82,52 @@ def rel(a, b) -> float:
 def main(argv: list[str] | None = None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--json", action="store_true", help="print one JSON object")
-  p.add_argument("--rollouts", type=int, default=8, help="rollouts in the GRPO group")
-  p.add_argument("--prompt-len", type=int, default=2000, help="task prompt tokens (system, tools, task)")
+  p.add_argument("--rollouts", type=int, default=2, help="rollouts in the GRPO group (8: ~4x the time)")
+  p.add_argument("--prompt-len", type=int, default=1000, help="task prompt tokens (system, tools, task)")
   p.add_argument("--calls", type=int, default=30, help="main calls per rollout")
   p.add_argument("--tokens-per-call", type=int, default=100, help="history growth per call")
-  p.add_argument("--preset", default="test-tiny", help="model preset (clawjax.models.config.PRESETS)")
+  p.add_argument("--preset", default="smollm2-135m", help="model preset (clawjax.models.config.PRESETS): "
+                 "a real model's layer shapes, so attention weighs what it does in real training")
+  p.add_argument("--layers", type=int, default=1, help="override the preset's layer count (the "
+                 "speedup does not depend on it; the run time does; 0: the preset's)")
   p.add_argument("--vocab", type=int, default=8192,
                  help="vocab size of model and data (the projection cost is the same in both layouts)")
   p.add_argument("--attention-block", type=int, default=512)
+  p.add_argument("--logits-chunk", type=int, default=128,
+                 help="LearnerConfig.logits_chunk: loss slots per row are padded to a multiple of it, which "
+                      "costs the paths layout (many rows, few loss tokens each) more than the tree layout")
   p.add_argument("--repeats", type=int, default=2, help="timed steps per layout (median reported)")
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)
 
   tree, paths, n_calls = make_batches(args)
+  overrides = {"n_layers": args.layers} if args.layers else {}
   model_cfg = preset(args.preset, vocab_size=args.vocab, attention_impl="blocked",
-                                              attention_block=args.attention_block)
+                     attention_block=args.attention_block, **overrides)
   tree_rows = tree.shape[0]
   paths_micro = -(-paths.shape[0] // tree_rows)
   out = {"device": jax.devices()[0].device_kind, "n_devices": jax.device_count(), "host": platform.node(),
-         "preset": args.preset, "vocab": args.vocab, "rollouts": args.rollouts, "calls": n_calls,
+         "preset": args.preset, "layers": model_cfg.n_layers, "d_model": model_cfg.d_model, "vocab": args.vocab, "rollouts": args.rollouts, "calls": n_calls,
          "row_len": tree.shape[1], "tree_rows": tree_rows, "paths_rows": paths.shape[0],
          "tree_tokens": int((tree.segment_ids_RT > 0).sum()), "paths_tokens": int((paths.segment_ids_RT > 0).sum()),
          "loss_tokens": int((tree.unique_weight_RT > 0).sum())}
   out["ideal_ratio"] = round(out["paths_tokens"] / out["tree_tokens"], 3)
-  # Attention work: each token attends to its depth + 1 ancestors-or-self in either layout. At long
-  # contexts and small widths (test-tiny) attention dominates, and this ratio bounds the speedup instead.
-  keys = lambda b: float(np.sum(np.where(b.segment_ids_RT > 0, b.positions_RT + 1.0, 0.0)))
-  out["attention_ratio"] = round(keys(paths) / keys(tree), 3)
+  out["attention_ratio"] = round(attended_pairs(paths) / attended_pairs(tree), 3)
+  # Timed steps use path weighting (the last normalisation below): logits at every trained token of
+  # every path in the paths layout, at each trained token once in the tree layout.
+  per_token, per_pair = layer_flops(model_cfg)
+  flops = {name: (model_cfg.n_layers * out[name + "_tokens"] * per_token,
+                  model_cfg.n_layers * attended_pairs(b) * per_pair,
+                  float((b.path_weight_RT > 0).sum()) * 2.0 * model_cfg.d_model * model_cfg.vocab_size)
+           for name, b in (("tree", tree), ("paths", paths))}
+  out["flop_ratio"] = round(sum(flops["paths"]) / sum(flops["tree"]), 3)
+  out["tree_attention_flop_share"] = round(flops["tree"][1] / sum(flops["tree"]), 3)
+  out["tree_logits_flop_share"] = round(flops["tree"][2] / sum(flops["tree"]), 3)
 
   diffs_loss, diffs_grad = [], []
   for norm in ("unique", "paths"):
-    learners = [Learner(LearnerConfig(normalisation=norm, micro_batches=m, lr=1e-4),
+    learners = [Learner(LearnerConfig(normalisation=norm, micro_batches=m, lr=1e-4,
+                                      logits_chunk=args.logits_chunk),
                         Decoder(model_cfg, rngs=nnx.Rngs(0))) for m in (1, paths_micro)]
     (lt, gt, _), (lp, gp, _) = learners[0].loss_and_grads(tree), learners[1].loss_and_grads(paths)
     diffs_loss.append(abs(lt - lp) / max(abs(lp), 1e-30))
@@ -113,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
   out.update(times)
   out["speedup"] = round(out["paths_step_s"] / out["tree_step_s"], 2)
   out["speedup_over_ideal"] = round(out["speedup"] / out["ideal_ratio"], 3)
+  out["speedup_over_flop_ratio"] = round(out["speedup"] / out["flop_ratio"], 3)
   if args.json:
     print(json.dumps(out))
   else:

@@ -1,0 +1,39 @@
+"""The benchmark scripts keep running at toy sizes, and what they report is self-consistent (their
+speed numbers are recorded in BENCHMARKS.md, never asserted in tests)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import learner_tree_vs_paths  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_learner_benchmark_tree_and_paths_agree():
+  out = learner_tree_vs_paths.main(
+      ["--preset", "test-tiny", "--layers", "1", "--rollouts", "2", "--prompt-len", "48", "--calls", "4",
+       "--tokens-per-call", "16", "--attention-block", "64", "--repeats", "1"])
+  assert out["max_rel_loss_diff"] < 1e-5 and out["max_rel_grad_diff"] < 1e-5
+  assert out["paths_tokens"] > out["tree_tokens"] > 0
+  assert 1 < out["attention_ratio"] <= out["ideal_ratio"]
+  assert 1 <= out["flop_ratio"] <= out["ideal_ratio"]  # (logits at loss tokens cost the same in both)
+  assert 0 < out["tree_attention_flop_share"] < 1 and out["tree_step_s"] > 0 and out["paths_step_s"] > 0
+
+
+@pytest.mark.slow
+def test_shim_benchmark_reports_every_level():
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shim_overhead.py"), "--json",
+                         "--concurrency", "1", "2", "--rounds", "3", "--prior-calls", "3",
+                         "--engine-latency-s", "0.01"], capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  report = json.loads(proc.stdout)
+  assert [r["concurrency"] for r in report["results"]] == [1, 2]
+  for r in report["results"]:
+    assert r["samples"] == 3 * r["concurrency"] and r["context_tokens"] > 1000
+    assert r["shim_ms"]["p50"] > r["in_shim_before_fsync_ms"]["p50"] > 0
