@@ -55,8 +55,8 @@ def make_batches(args) -> tuple:
     by_rollout.setdefault(c.rollout_id, []).append(c)
   trees = [filter_rollout(rid, cs).tree for rid, cs in by_rollout.items()]
   scores = grpo_advantages(outcomes)
-  row_len = -(-max(t.size for t in trees) // args.attention_block) * args.attention_block
-  tree = pack_trees(trees, scores, row_len=row_len)
+  row_len = args.row_len or -(-max(t.size for t in trees) // args.attention_block) * args.attention_block
+  tree = pack_trees(trees, scores, row_len=row_len, share_prompts=args.share_prompts)
   paths = pack_paths(trees, scores, row_len=row_len)
   return tree, paths, sum(len(cs) for cs in by_rollout.values())
 
@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> dict:
                       "costs the paths layout (many rows, few loss tokens each) more than the tree layout")
   p.add_argument("--repeats", type=int, default=2, help="timed steps per layout (median reported)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--row-len", type=int, default=0, help="packed row length (0: the longest tree rounded up "
+                 "to --attention-block, which leaves no room to merge a group's trees)")
+  p.add_argument("--share-prompts", action="store_true",
+                 help="tree layout stores the group's common task prompt once (pack_trees share_prompts)")
   args = p.parse_args(argv)
 
   tree, paths, n_calls = make_batches(args)

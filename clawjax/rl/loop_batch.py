@@ -33,6 +33,10 @@ class BatchConfig:
   row_len: int = 65_536      # tokens per packed row: the longest rollout tree that can be trained
   rows: int = 8              # rows per update (static shape: one compile); more trees -> more updates
   max_staleness: int = 1     # drop rollouts with calls sampled more than this many versions back
+  # Store a GRPO group's common task prompt once per packed segment instead of once per rollout
+  # (clawjax.tree.pack, `share_prompts`): the same loss and gradients from fewer tokens. Default on;
+  # False packs each rollout's tree as its own segment.
+  share_prompts: bool = True
 
   def __post_init__(self):
     if self.row_len < 1 or self.rows < 1 or self.max_staleness < 0:
@@ -99,8 +103,11 @@ def build_step(log: LoadedLog, *, policy_version: int, filters: FilterConfig,
     stats["drift_calls"] += f.drift_calls
   scores = grpo_advantages(trainable)
   kept = [trees[rid] for rid in scores.rollout_ids]
-  batches = [pack_trees(group, scores, row_len=batch.row_len, rows=batch.rows)
-             for group in split_for_rows(kept, row_len=batch.row_len, rows=batch.rows)]
+  if batch.share_prompts:  # a group's rollouts side by side, so that they land in one update
+    kept = [kept[i] for i in np.argsort(scores.group_ids_N, kind="stable")]
+  layout = dict(row_len=batch.row_len, rows=batch.rows)
+  batches = [pack_trees(part, scores, share_prompts=batch.share_prompts, **layout)
+             for part in split_for_rows(kept, scores=scores, share_prompts=batch.share_prompts, **layout)]
   n = max(len(kept), 1)
   tree_stats = {
       "trained_rollouts": float(len(kept)),

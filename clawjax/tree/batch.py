@@ -4,7 +4,10 @@ Two layouts share this one record type:
 
 * tree layout (`pack.pack_trees`): each kept rollout tree is flattened in depth-first pre-order, so the
   subtree of token j is the contiguous range [j, subtree_end[j]). Several trees share a row, one segment
-  each; a shared prefix appears once.
+  each; a shared prefix appears once. With prompt sharing (`pack_trees(..., share_prompts=True)`) the
+  trees of one GRPO group are merged into one segment: their common task prompt (untrained context
+  only) once, then each tree's remaining tokens, the first of them a child of the prompt's last token.
+  Groups are never merged with each other.
 * paths layout (`pack.pack_paths`): one row segment per kept root-to-leaf path, a plain causal sequence.
   It is the reference the tree layout must agree with, and costs `path_tokens` instead of
   `unique_tokens`.
@@ -41,13 +44,15 @@ class PackedBatch:
   positions_RT: np.ndarray        # int32 depth in the tree (root token = 0): the RoPE position
   parent_index_RT: np.ndarray     # int32 index in the row of the token whose logits predict this one; -1
   subtree_end_RT: np.ndarray      # int32 exclusive end of the token's subtree (padding: i + 1)
-  segment_ids_RT: np.ndarray      # int32 1.. per tree (tree layout) or path (paths layout); 0 = padding
+  segment_ids_RT: np.ndarray      # int32 1.. per tree or merged group (tree layout) or path; 0 = padding
   unique_weight_RT: np.ndarray    # float32, see the module docstring
   path_weight_RT: np.ndarray      # float32, see the module docstring
   rollout_logprobs_RT: np.ndarray  # float32 engine log-prob of each sampled token; 0 elsewhere
   advantages_RT: np.ndarray       # float32 per-token advantage (GRPO: the rollout's A); 0 elsewhere
   returns_RT: np.ndarray          # float32 the rollout's reward R on trained tokens (PPO: A_t = R - V)
-  rollout_index_RT: np.ndarray    # int32 index into the _N tables; -1 on padding
+  # int32 index into the _N tables; -1 on padding. A prompt shared by a merged group carries its
+  # segment's first rollout (it is context: no weight, advantage or return reads it).
+  rollout_index_RT: np.ndarray
   rollout_ids_N: list[str]        # the rollouts packed, in rollout_index order
   group_ids_N: np.ndarray         # int32 GRPO group of each rollout (one (task, harness) pair each)
   rewards_N: np.ndarray           # float32 reward of each rollout

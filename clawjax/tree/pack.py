@@ -5,12 +5,21 @@ into rows of `row_len` tokens by first-fit decreasing: largest segment first, ea
 with room. A segment longer than `row_len` is an error naming its rollout. For jit-friendly static
 shapes pass `rows`: the batch then always has exactly `rows` rows (empty rows are padding) and too
 many segments is an error; `split_for_rows` cuts a list of trees into batches that each fit.
+
+Prompt sharing (`share_prompts=True`, tree layout only): the rollouts of one GRPO group start with the
+same task prompt, so their trees are merged into one segment that holds the common prefix once. The
+prefix is the longest common prefix of the trees' root chains (the tokens before a tree's first branch
+point), cut before the first sampled token, so no trained token is ever shared and each rollout's loss
+tokens are unchanged. Each tree's remaining tokens follow the prefix, one tree after another, the first
+of each a child of the last prefix token; depths (RoPE positions) are unchanged. A group's trees go into
+as few merged segments of at most `row_len` tokens as first-fit decreasing finds; groups are never
+merged with each other. The prefix's rollout_index is the segment's first rollout (see batch.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -21,8 +30,10 @@ from clawjax.tree.build import CallTree
 
 @dataclasses.dataclass
 class _Segment:
-  """One contiguous causal unit; parent and subtree_end are relative to the segment start."""
-  rollout_id: str
+  """One contiguous causal unit; parent and subtree_end are relative to the segment start. Token i
+  belongs to rollout `rollout_ids[rollout_of[i]]` (several rollouts when a group shares its prompt)."""
+  rollout_ids: list[str]
+  rollout_of: np.ndarray
   tokens: np.ndarray
   positions: np.ndarray
   parent: np.ndarray
@@ -35,11 +46,74 @@ class _Segment:
     return len(self.tokens)
 
 
-def _tree_segments(t: CallTree) -> list[_Segment]:
-  trained = t.owner_T >= 0
-  return [_Segment(t.rollout_id, t.tokens_T, t.depth_T, t.parent_T, t.subtree_end_T,
-                   trained.astype(np.float32), np.where(trained, t.paths_T, 0).astype(np.float32),
-                   t.logprobs_T)]
+# A merged segment: the common prefix length and the indices of its trees (prefix 0: one tree).
+_Merge = tuple[int, list[int]]
+
+
+def _tree_segment(trees: Sequence[CallTree], prefix: int) -> _Segment:
+  """`trees` one after another under their common first `prefix` tokens, laid out once (as the first
+  tree's). Token j >= prefix of tree k moves to j + shift[k]; the prefix spans the whole segment."""
+  starts = np.array([0] + [prefix] * (len(trees) - 1))
+  lengths = np.array([t.size for t in trees]) - starts
+  offsets = np.cumsum(lengths) - lengths
+  shift = offsets - starts
+  total = int(lengths.sum())
+
+  def cat(f: Callable[[int, CallTree], np.ndarray]) -> np.ndarray:
+    return np.concatenate([f(k, t)[starts[k]:] for k, t in enumerate(trees)])
+
+  trained = cat(lambda k, t: t.owner_T >= 0)
+  return _Segment(
+      rollout_ids=[t.rollout_id for t in trees],
+      rollout_of=cat(lambda k, t: np.full(t.size, k, np.int32)),
+      tokens=cat(lambda k, t: t.tokens_T), positions=cat(lambda k, t: t.depth_T),
+      parent=cat(lambda k, t: np.where(t.parent_T >= prefix, t.parent_T + shift[k], t.parent_T)),
+      subtree_end=cat(lambda k, t: np.where(np.arange(t.size) < prefix, total, t.subtree_end_T + shift[k])),
+      unique_weight=trained.astype(np.float32),
+      path_weight=np.where(trained, cat(lambda k, t: t.paths_T), 0).astype(np.float32),
+      logprobs=cat(lambda k, t: t.logprobs_T))
+
+
+def _shareable(t: CallTree) -> int:
+  """How many leading tokens of `t` may be shared: its root chain, up to the first sampled token."""
+  hit = np.flatnonzero((t.subtree_end_T != t.size) | (t.owner_T >= 0))
+  return int(hit[0]) if len(hit) else t.size
+
+
+def _common_prefix(trees: Sequence[CallTree]) -> int:
+  first = trees[0].tokens_T
+  p = _shareable(trees[0])
+  for t in trees[1:]:
+    k = min(p, _shareable(t))
+    diff = np.flatnonzero(first[:k] != t.tokens_T[:k])
+    p = int(diff[0]) if len(diff) else k
+  return p
+
+
+def _plan(trees: Sequence[CallTree], groups: Sequence[int] | None, row_len: int) -> list[_Merge]:
+  """The tree layout's segments: one per tree, or (with `groups`, the group of each tree) merged per
+  group under its common prefix. A tree longer than `row_len` stays alone (pack reports it)."""
+  if groups is None:
+    return [(0, [i]) for i in range(len(trees))]
+  members: dict[int, list[int]] = {}
+  for i, g in enumerate(groups):
+    members.setdefault(g, []).append(i)
+  plan: list[_Merge] = []
+  for idx in members.values():
+    plan += [(0, [i]) for i in idx if trees[i].size > row_len]
+    fits = [i for i in idx if trees[i].size <= row_len]
+    p = _common_prefix([trees[i] for i in fits]) if len(fits) > 1 else 0
+    if p == 0:
+      plan += [(0, [i]) for i in fits]
+      continue
+    bin_of = first_fit([trees[i].size - p for i in fits], row_len - p)
+    plan += [(p, [i for i, b in zip(fits, bin_of) if b == k]) for k in range(max(bin_of) + 1)]
+  return plan
+
+
+def _merge_size(trees: Sequence[CallTree], merge: _Merge) -> int:
+  p, idx = merge
+  return p + sum(trees[i].size - p for i in idx)
 
 
 def _path_segments(t: CallTree) -> list[_Segment]:
@@ -51,9 +125,10 @@ def _path_segments(t: CallTree) -> list[_Segment]:
     trained = t.owner_T[idx] >= 0
     first = trained & ~counted[idx]
     counted[idx] = True
-    out.append(_Segment(t.rollout_id, t.tokens_T[idx], np.arange(n, dtype=np.int32),
-                        np.arange(-1, n - 1, dtype=np.int32), np.full(n, n, np.int32),
-                        first.astype(np.float32), trained.astype(np.float32), t.logprobs_T[idx]))
+    out.append(_Segment([t.rollout_id], np.zeros(n, np.int32), t.tokens_T[idx],
+                        np.arange(n, dtype=np.int32), np.arange(-1, n - 1, dtype=np.int32),
+                        np.full(n, n, np.int32), first.astype(np.float32), trained.astype(np.float32),
+                        t.logprobs_T[idx]))
   return out
 
 
@@ -72,27 +147,53 @@ def first_fit(sizes: Sequence[int], row_len: int) -> list[int]:
   return row_of
 
 
+def _score_index(trees: Sequence[CallTree], scores: RolloutScores) -> dict[str, int]:
+  index = scores.index()
+  for t in trees:
+    if t.rollout_id not in index:
+      raise ValueError(f"rollout {t.rollout_id!r} has no score (no rollout record with status 'ok')")
+  return index
+
+
+def _groups(trees: Sequence[CallTree], scores: RolloutScores | None,
+            share_prompts: bool) -> list[int] | None:
+  """The GRPO group of each tree when sharing prompts, else None."""
+  if not share_prompts:
+    return None
+  index = _score_index(trees, scores)
+  return [int(scores.group_ids_N[index[t.rollout_id]]) for t in trees]
+
+
 def pack_trees(trees: Sequence[CallTree], scores: RolloutScores, *, row_len: int,
-               rows: int | None = None) -> PackedBatch:
-  """The tree layout: each tree one segment, a shared prefix stored once."""
-  return _pack(trees, scores, _tree_segments, row_len, rows)
+               rows: int | None = None, share_prompts: bool = False) -> PackedBatch:
+  """The tree layout: each tree one segment, a shared prefix stored once; with `share_prompts`, the
+  trees of a GRPO group (scores.group_ids_N) also store their common task prompt once."""
+  def segments_of(kept: list[CallTree]) -> list[_Segment]:
+    plan = _plan(kept, _groups(kept, scores, share_prompts), row_len)
+    return [_tree_segment([kept[i] for i in idx], p) for p, idx in plan]
+  return _pack(trees, scores, segments_of, row_len, rows)
 
 
 def pack_paths(trees: Sequence[CallTree], scores: RolloutScores, *, row_len: int,
                rows: int | None = None) -> PackedBatch:
   """The paths layout: one causal segment per root-to-leaf path (the learner's reference)."""
-  return _pack(trees, scores, _path_segments, row_len, rows)
+  return _pack(trees, scores, lambda kept: [s for t in kept for s in _path_segments(t)], row_len, rows)
 
 
-def split_for_rows(trees: Sequence[CallTree], *, row_len: int, rows: int) -> list[list[CallTree]]:
-  """Consecutive groups of `trees` whose tree layout fits `rows` x `row_len` (order kept)."""
+def split_for_rows(trees: Sequence[CallTree], *, row_len: int, rows: int,
+                   scores: RolloutScores | None = None,
+                   share_prompts: bool = False) -> list[list[CallTree]]:
+  """Consecutive groups of `trees` whose tree layout fits `rows` x `row_len` (order kept); with
+  `share_prompts` (needs `scores`), the layout of `pack_trees(..., share_prompts=True)`."""
+  if share_prompts and scores is None:
+    raise ValueError("split_for_rows: share_prompts needs the scores (the GRPO group of each tree)")
   batches: list[list[CallTree]] = []
   current: list[CallTree] = []
   for t in trees:
     if t.size > row_len:
       raise ValueError(f"rollout {t.rollout_id!r}: tree of {t.size} tokens exceeds row_len={row_len}")
     trial = current + [t]
-    if current and max(first_fit([x.size for x in trial], row_len)) + 1 > rows:
+    if current and _rows_needed(trial, scores, row_len, share_prompts) > rows:
       batches.append(current)
       trial = [t]
     current = trial
@@ -101,17 +202,22 @@ def split_for_rows(trees: Sequence[CallTree], *, row_len: int, rows: int) -> lis
   return batches
 
 
-def _pack(trees: Sequence[CallTree], scores: RolloutScores, segments_of, row_len: int,
+def _rows_needed(trees: list[CallTree], scores: RolloutScores | None, row_len: int,
+                 share_prompts: bool) -> int:
+  kept = [t for t in trees if t.size]
+  plan = _plan(kept, _groups(kept, scores, share_prompts), row_len)
+  return max(first_fit([_merge_size(kept, m) for m in plan], row_len), default=-1) + 1
+
+
+def _pack(trees: Sequence[CallTree], scores: RolloutScores,
+          segments_of: Callable[[list[CallTree]], list[_Segment]], row_len: int,
           rows: int | None) -> PackedBatch:
-  index = scores.index()
   trees = [t for t in trees if t.size]
-  for t in trees:
-    if t.rollout_id not in index:
-      raise ValueError(f"rollout {t.rollout_id!r} has no score (no rollout record with status 'ok')")
-  segments = [s for t in trees for s in segments_of(t)]
+  index = _score_index(trees, scores)
+  segments = segments_of(trees)
   for s in segments:
     if len(s) > row_len:
-      raise ValueError(f"rollout {s.rollout_id!r}: a segment of {len(s)} tokens exceeds "
+      raise ValueError(f"rollout {s.rollout_ids[0]!r}: a segment of {len(s)} tokens exceeds "
                        f"row_len={row_len}; raise row_len or lower the rollout's context")
   row_of = first_fit([len(s) for s in segments], row_len)
   n_rows = max(row_of, default=-1) + 1
@@ -133,11 +239,11 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores, segments_of, row_len
   fill = [0] * n_rows
   n_segments = [0] * n_rows
   for s, r in zip(segments, row_of):
-    n = local.setdefault(s.rollout_id, len(local))
+    n_T = np.array([local.setdefault(rid, len(local)) for rid in s.rollout_ids])[s.rollout_of]
+    k_T = np.array([index[rid] for rid in s.rollout_ids])[s.rollout_of]
     a, z = fill[r], fill[r] + len(s)
     fill[r] = z
     n_segments[r] += 1
-    k = index[s.rollout_id]
     trained = s.unique_weight + s.path_weight > 0
     b.tokens_RT[r, a:z] = s.tokens
     b.positions_RT[r, a:z] = s.positions
@@ -147,9 +253,9 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores, segments_of, row_len
     b.unique_weight_RT[r, a:z] = s.unique_weight
     b.path_weight_RT[r, a:z] = s.path_weight
     b.rollout_logprobs_RT[r, a:z] = np.where(trained, s.logprobs, 0)
-    b.advantages_RT[r, a:z] = np.where(trained, scores.advantages_N[k], 0)
-    b.returns_RT[r, a:z] = np.where(trained, scores.rewards_N[k], 0)
-    b.rollout_index_RT[r, a:z] = n
+    b.advantages_RT[r, a:z] = np.where(trained, scores.advantages_N[k_T], 0)
+    b.returns_RT[r, a:z] = np.where(trained, scores.rewards_N[k_T], 0)
+    b.rollout_index_RT[r, a:z] = n_T
   order = [index[rid] for rid in local]
   b.rollout_ids_N = list(local)
   b.group_ids_N = scores.group_ids_N[order].astype(np.int32)

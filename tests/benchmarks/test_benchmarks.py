@@ -14,10 +14,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import learner_tree_vs_paths  # noqa: E402  pylint: disable=wrong-import-position
 
 
-def test_learner_benchmark_tree_and_paths_agree():
+@pytest.mark.parametrize("share", [False, True])
+def test_learner_benchmark_tree_and_paths_agree(share):
   out = learner_tree_vs_paths.main(
       ["--preset", "test-tiny", "--layers", "1", "--rollouts", "2", "--prompt-len", "48", "--calls", "4",
-       "--tokens-per-call", "16", "--attention-block", "64", "--repeats", "1"])
+       "--tokens-per-call", "16", "--attention-block", "64", "--repeats", "1", "--row-len", "512"]
+      + ["--share-prompts"] * share)
+  assert out["tree_rows"] == (1 if share else 2)  # sharing merges the group into one row
   assert out["max_rel_loss_diff"] < 1e-5 and out["max_rel_grad_diff"] < 1e-5
   assert out["paths_tokens"] > out["tree_tokens"] > 0
   assert 1 < out["attention_ratio"] <= out["ideal_ratio"]
