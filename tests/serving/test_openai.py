@@ -55,13 +55,12 @@ def test_three_call_tool_loop_logs_one_linear_path(make_shim, template, stream):
     kwargs = dict(model="local/policy", messages=messages, tools=TOOLS, tool_choice="auto",
                   max_completion_tokens=8192)
     if stream:
-      text, thinking, calls, finish, usage = run_stream(c, **kwargs)
+      text, _, calls, finish, usage = run_stream(c, **kwargs)
       assert usage is not None and usage.completion_tokens > 0
     else:
       r = c.chat.completions.create(**kwargs)
       m = r.choices[0].message
       text, finish = m.content or "", r.choices[0].finish_reason
-      thinking = getattr(m, "reasoning_content", None) or ""
       calls = [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments}
                for t in m.tool_calls or []]
     finishes.append(finish)
