@@ -35,9 +35,9 @@ from typing import Any
 
 from clawjax.calllog import CallLogWriter, RolloutRecord
 from clawjax.harness import sandbox
+from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
 from clawjax.harness.pool import run_concurrently
-from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.tasks.judge import JudgeConfig
 from clawjax.tasks.scoring import ScoringConfig, score
 from clawjax.tasks.task import Task

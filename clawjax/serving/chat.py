@@ -9,8 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clawjax.serving.errors import ApiError
-from clawjax.text.messages import random_hex
-from clawjax.text.messages import Message, ParsedTurn, ToolSpec
+from clawjax.text.messages import Message, ParsedTurn, ToolSpec, random_hex
 
 
 @dataclasses.dataclass
