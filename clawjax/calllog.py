@@ -11,6 +11,10 @@ Format: JSON Lines. Each line is one object; its `schema` field says which recor
   "auxiliary" | null = unknown), finish_reason (str | null), model (str), t_start, t_end (float, Unix s).
   Optional: policy_version (int | null: the weights version that sampled the call), extra (object:
   free-form diagnostics such as the API used, spliced or drifted turns, an error message).
+  Instead of input_ids, a call may give input_ref {call_index, length} and input_tail (list[int]): its
+  input is the first `length` ids of an earlier call of the same rollout in the same file (that call's
+  input_ids, then its output_ids) followed by input_tail. The shim writes this form, so a rollout's log
+  grows with each call's new tokens rather than with its whole context (quadratic over a long rollout).
 
 `clawjax.rollout/1` (one rollout's outcome), required fields:
   rollout_id, task_id, harness (str), reward (float | null; null when status is not "ok"),
@@ -31,8 +35,10 @@ import json
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
+
+import orjson
 
 CALL_SCHEMA = "clawjax.call/1"
 ROLLOUT_SCHEMA = "clawjax.rollout/1"
@@ -74,6 +80,30 @@ class CallRecord:
     d["input_ids"], d["output_ids"] = list(self.input_ids), list(self.output_ids)
     d["output_logprobs"] = list(self.output_logprobs)
     return d
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRef:
+  """A call's input as written in the log's reference form (see the module docstring)."""
+  call_index: int
+  length: int
+  tail: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class UnresolvedCall:
+  """A parsed call in the reference form: `record` lacks its input_ids until the referenced call is
+  known (`load` and `iter_records` resolve them per file)."""
+  record: CallRecord
+  input_ref: InputRef
+
+  def resolve(self, earlier: CallRecord) -> CallRecord:
+    history = (*earlier.input_ids, *earlier.output_ids)
+    if self.input_ref.length > len(history):
+      raise ValueError(f"length {self.input_ref.length} exceeds the {len(history)} input + output ids "
+                       f"of call {earlier.call_index}")
+    return dataclasses.replace(self.record,
+                               input_ids=history[:self.input_ref.length] + self.input_ref.tail)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +204,17 @@ class _Fields:
         raise self.fail(field, f"element {i} is {x}, not a finite log-probability")
     return tuple(float(x) for x in v)
 
+  def input_ref(self, call_index: int) -> InputRef:
+    v = self.get("input_ref")
+    if not isinstance(v, dict) or set(v) != {"call_index", "length"}:
+      raise self.fail("input_ref", f"expected {{call_index, length}}, got {str(v)[:100]}")
+    k, n = v["call_index"], v["length"]
+    if not _is_int(k) or not 0 <= k < call_index:
+      raise self.fail("input_ref", f"call_index {k!r} is not an earlier call (below {call_index})")
+    if not _is_int(n) or n < 0:
+      raise self.fail("input_ref", f"length {n!r} is not a non-negative integer")
+    return InputRef(k, n, self.token_ids("input_tail"))
+
   def mapping(self, field: str) -> dict[str, Any]:
     v = self.get(field, optional=True)
     if v is None:
@@ -183,7 +224,7 @@ class _Fields:
     return v
 
 
-def parse_record(obj: Any, where: str) -> Record:
+def parse_record(obj: Any, where: str) -> Record | UnresolvedCall:
   """Validates one decoded JSON object; `where` (e.g. "calls.jsonl:12") prefixes every error."""
   if not isinstance(obj, dict):
     raise CallLogError(where, None, f"expected a JSON object, got {type(obj).__name__}")
@@ -197,14 +238,21 @@ def parse_record(obj: Any, where: str) -> Record:
       raise f.fail("output_logprobs",
                    f"length {len(output_logprobs)} differs from output_ids length {len(output_ids)}")
     t_start, t_end = f.number("t_start"), f.number("t_end")
-    return CallRecord(
+    call_index = f.integer("call_index", minimum=0)
+    ref = None
+    if "input_ref" in obj:
+      if "input_ids" in obj:
+        raise f.fail("input_ids", "given together with input_ref")
+      ref = f.input_ref(call_index)
+    record = CallRecord(
         rollout_id=f.string("rollout_id"), task_id=f.string("task_id"), harness=f.string("harness"),
-        call_index=f.integer("call_index", minimum=0), status=status,
-        input_ids=f.token_ids("input_ids"), output_ids=output_ids, output_logprobs=output_logprobs,
-        role=f.string("role", nullable=True, choices=ROLES),
+        call_index=call_index, status=status,
+        input_ids=() if ref else f.token_ids("input_ids"), output_ids=output_ids,
+        output_logprobs=output_logprobs, role=f.string("role", nullable=True, choices=ROLES),
         finish_reason=f.string("finish_reason", nullable=True), model=f.string("model"),
         t_start=t_start, t_end=t_end,
         policy_version=f.integer("policy_version", optional=True), extra=f.mapping("extra"))
+    return record if ref is None else UnresolvedCall(record, ref)
   if schema == ROLLOUT_SCHEMA:
     status = f.string("status", choices=ROLLOUT_STATUSES)
     reward = f.number("reward", nullable=True)
@@ -223,7 +271,7 @@ def _lines(path: str) -> Iterator[tuple[str, str]]:
         yield f"{path}:{lineno}", line
 
 
-def parse_line(line: str, where: str) -> Record:
+def parse_line(line: str, where: str) -> Record | UnresolvedCall:
   # NaN / Infinity (non-standard JSON) parse to floats so the field check can name the field.
   try:
     obj = json.loads(line)
@@ -232,10 +280,44 @@ def parse_line(line: str, where: str) -> Record:
   return parse_record(obj, where)
 
 
+def _file_records(path: str) -> list[tuple[str, str, Record | CallLogError]]:
+  """(where, line, record or its error) for each line of one file, in order, with every call in the
+  reference form resolved against the file's other calls (a rollout's calls in call_index order, so a
+  reference to a call that was itself a reference works)."""
+  parsed: list[tuple[str, str, Record | UnresolvedCall | CallLogError]] = []
+  for where, line in _lines(path):
+    try:
+      parsed.append((where, line, parse_line(line, where)))
+    except CallLogError as e:
+      parsed.append((where, line, e))
+  known: dict[tuple[str, int], CallRecord] = {}
+  for _, _, rec in parsed:
+    if isinstance(rec, CallRecord):
+      known.setdefault((rec.rollout_id, rec.call_index), rec)
+  pending = sorted((i for i, (_, _, rec) in enumerate(parsed) if isinstance(rec, UnresolvedCall)),
+                   key=lambda i: (parsed[i][2].record.rollout_id, parsed[i][2].record.call_index))
+  for i in pending:
+    where, line, rec = parsed[i]
+    rid, ref = rec.record.rollout_id, rec.input_ref
+    earlier = known.get((rid, ref.call_index))
+    try:
+      if earlier is None:
+        raise ValueError(f"call {ref.call_index} of rollout {rid!r} is not a valid record of this file")
+      resolved = rec.resolve(earlier)
+    except ValueError as e:
+      parsed[i] = (where, line, CallLogError(where, "input_ref", str(e)))
+      continue
+    parsed[i] = (where, line, resolved)
+    known.setdefault((rid, resolved.call_index), resolved)
+  return parsed  # type: ignore[return-value]  (every UnresolvedCall was replaced)
+
+
 def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
   """Yields the records of one file in order; raises CallLogError at the first bad line."""
-  for where, line in _lines(os.fspath(path)):
-    yield parse_line(line, where)
+  for _, _, rec in _file_records(os.fspath(path)):
+    if isinstance(rec, CallLogError):
+      raise rec
+    yield rec
 
 
 @dataclasses.dataclass
@@ -277,12 +359,10 @@ def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
       bad_rollouts.add(rollout_id)
 
   for path in files:
-    for where, line in _lines(path):
-      try:
-        rec = parse_line(line, where)
-      except CallLogError as e:
+    for where, line, rec in _file_records(path):
+      if isinstance(rec, CallLogError):
         # A rollout with a broken record is incomplete: leave all of it out, not just the line.
-        problem(e, _rollout_id_of(line))
+        problem(rec, _rollout_id_of(line))
         continue
       _add(rec, where, calls, rollouts, problem)
   for rid in bad_rollouts:
@@ -325,8 +405,48 @@ def _add(rec: Record, where: str, calls: dict[str, list[CallRecord]],
       return
 
 
+def ids_json(ids: Sequence[int], start: int = 0, where: str = "input_ids") -> bytes:
+  """The JSON array text of `ids[start:]`, validated: ints in [0, MAX_TOKEN_ID] (errors name the field
+  `where` and the element's index in `ids`)."""
+  for i in range(start, len(ids)):
+    t = ids[i]
+    if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:  # pylint: disable=unidiomatic-typecheck
+      raise ValueError(f"{where}: element {i} is {t!r}, not an integer in [0, {MAX_TOKEN_ID}]")
+  return b"[" + ",".join(map(str, ids[start:] if start else ids)).encode() + b"]"
+
+
+def record_line(record: Record, where: str, input_field: bytes | None = None) -> list[bytes]:
+  """A record's validated JSONL line, in pieces for one `writev`.
+
+  A call's token arrays come last, encoded apart from the small fields: the ~20K-id input of a Claude
+  Code call is most of the line. `input_field` is the call's input already encoded and validated by the
+  caller (`"input_ids":[...]`, or the reference form `"input_ref":{...},"input_tail":[...]`); the shim
+  shares that encoding with its engine request, so the line is never copied whole. Log-probs go through
+  orjson: `json` formats floats ~20x slower, which an 8K-token output would feel.
+  """
+  if isinstance(record, RolloutRecord):
+    obj = record.to_json()
+    parse_record(obj, where)
+    return [json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"]
+  obj = _shallow_json(CALL_SCHEMA, record)
+  obj["input_ids"] = [] if input_field is not None else list(record.input_ids)
+  obj["output_ids"], obj["output_logprobs"] = list(record.output_ids), list(record.output_logprobs)
+  parse_record(obj, where)
+  small = {k: v for k, v in obj.items() if k not in _ARRAY_FIELDS}
+  head = json.dumps(small, separators=(",", ":"), allow_nan=False).encode()
+  if input_field is None:
+    input_field = b'"input_ids":' + ids_json(obj["input_ids"])
+  output = ",".join(map(str, obj["output_ids"])).encode()
+  return [head[:-1] + b",", input_field,
+          b',"output_ids":[' + output + b'],"output_logprobs":'
+          + orjson.dumps(obj["output_logprobs"]) + b"}\n"]
+
+
+_ARRAY_FIELDS = ("input_ids", "output_ids", "output_logprobs")
+
+
 class CallLogWriter:
-  """Appends records to one JSONL file, each flushed and fsynced before `write` returns.
+  """Appends records to one JSONL file, each written whole and fsynced before `write` returns.
 
   Thread-safe. Records are validated first, so a writer never produces a line the loader rejects.
   """
@@ -334,24 +454,30 @@ class CallLogWriter:
   def __init__(self, path: str | os.PathLike[str]):
     self.path = os.fspath(path)
     os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-    self._fh = open(self.path, "a", encoding="utf-8")
+    # O_APPEND: each line lands whole at the end even if another process appends to the same file.
+    self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     self._lock = threading.Lock()
 
   def write(self, record: Record) -> None:
-    obj = record.to_json()
-    parse_record(obj, f"{self.path}:<new {obj['schema']} record>")
-    self.append_line(json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n")
+    self.append(record_line(record, f"{self.path}:<new {type(record).__name__}>"))
 
-  def append_line(self, line: str) -> None:
-    """Appends one already validated JSONL line, flushed and fsynced."""
+  def append(self, line: Sequence[bytes]) -> None:
+    """Appends one already validated line (given in pieces), then fsyncs."""
     with self._lock:
-      self._fh.write(line)
-      self._fh.flush()
-      os.fsync(self._fh.fileno())
+      if self._fd < 0:
+        raise ValueError(f"{self.path}: call log writer is closed")
+      written = os.writev(self._fd, line)
+      if written < sum(map(len, line)):  # A short write (disk nearly full): finish the line or fail.
+        rest = memoryview(b"".join(line))[written:]
+        while rest:
+          rest = rest[os.write(self._fd, rest):]
+      os.fsync(self._fd)
 
   def close(self) -> None:
     with self._lock:
-      self._fh.close()
+      if self._fd >= 0:
+        os.close(self._fd)
+        self._fd = -1
 
   def __enter__(self) -> "CallLogWriter":
     return self

@@ -127,3 +127,43 @@ def test_writer_fsyncs_every_record_and_round_trips(tmp_path, monkeypatch):
   with CallLogWriter(path) as w, pytest.raises(CallLogError, match="output_logprobs"):
     w.write(CallRecord(**{**call.__dict__, "output_logprobs": (float("nan"), -1.0)}))
   assert len(path.read_text().splitlines()) == 3  # the invalid record was not written
+
+
+def _ref_call(index, ref_index, length, tail, **changes):
+  obj = {k: v for k, v in GOOD_CALL.items() if k != "input_ids"}
+  return {**obj, "call_index": index, "input_ref": {"call_index": ref_index, "length": length},
+          "input_tail": tail, **changes}
+
+
+def test_reference_form_resolves_in_any_line_order(tmp_path):
+  # Call 0: input [1,2,3], output [4,5]. Call 1 extends it; call 2 refers to call 1 (itself a
+  # reference); call 3 retries call 1's input; their lines are out of order in the file.
+  objs = [_ref_call(2, 1, 8, [8]), GOOD_CALL, _ref_call(3, 1, 6, []), _ref_call(1, 0, 5, [6])]
+  log = calllog.load(write_lines(tmp_path / "c.jsonl", objs))
+  assert [c.input_ids for c in log.calls["r1"]] == [
+      (1, 2, 3), (1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 5, 6, 4, 5, 8), (1, 2, 3, 4, 5, 6)]
+  assert list(calllog.iter_records(tmp_path / "c.jsonl"))[0].input_ids == (1, 2, 3, 4, 5, 6, 4, 5, 8)
+
+
+@pytest.mark.parametrize("bad,field", [
+    (_ref_call(1, 1, 2, []), "input_ref"),  # not an earlier call
+    (_ref_call(1, 0, 6, []), "input_ref"),  # longer than call 0's 5 input + output ids
+    (_ref_call(1, 7, 2, [], call_index=9), "input_ref"),  # call 7 is not in the file
+    (_ref_call(1, 0, -1, []), "input_ref"),
+    ({**_ref_call(1, 0, 2, []), "input_ref": {"call_index": 0}}, "input_ref"),
+    (_ref_call(1, 0, 2, [1, -1]), "input_tail"),
+    ({k: v for k, v in _ref_call(1, 0, 2, []).items() if k != "input_tail"}, "input_tail"),
+    ({**_ref_call(1, 0, 2, []), "input_ids": [1]}, "input_ids"),
+])
+def test_bad_reference_names_line_and_field(tmp_path, bad, field):
+  expect_error(write_lines(tmp_path / "c.jsonl", [GOOD_CALL, bad]), 2, field)
+
+
+def test_collect_mode_drops_a_rollout_whose_reference_is_broken(tmp_path):
+  objs = [GOOD_CALL, {**GOOD_CALL, "rollout_id": "r2"}, _ref_call(1, 0, 5, [6], rollout_id="r2"),
+          _ref_call(2, 1, 3, [], rollout_id="r2")]
+  objs[2]["output_logprobs"] = [0.5, -1.0]  # r2's call 1 is invalid, so call 2 cannot resolve
+  log = calllog.load(write_lines(tmp_path / "c.jsonl", objs), errors="collect")
+  assert sorted(log.calls) == ["r1"]
+  assert any(":3:" in p and "output_logprobs" in p for p in log.problems)
+  assert any(":4:" in p and "input_ref" in p for p in log.problems)

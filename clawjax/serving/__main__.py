@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "lists), so at the default the collector runs several times per call and "
                       "rescans every live rollout's state: 2-10 ms per call at 16 rollouts. 0 keeps "
                       "Python's settings")
+  p.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
+                 help="uvloop (libuv) halves the event loop's own cost per request against asyncio's "
+                      "default loop; asyncio is the fallback where uvloop does not install (Windows)")
   for field, kind in [("max_new_tokens", int), ("max_context", int), ("top_k", int),
                       ("max_body_bytes", int), ("log_threads", int), ("temperature", float),
                       ("top_p", float),
@@ -90,7 +93,12 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  asyncio.run(serve(parse_args(argv)))
+  args = parse_args(argv)
+  if args.event_loop == "uvloop":
+    import uvloop  # pylint: disable=g-import-not-at-top  (optional: not on Windows)
+    uvloop.run(serve(args))
+  else:
+    asyncio.run(serve(args))
 
 
 if __name__ == "__main__":

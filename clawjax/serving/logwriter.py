@@ -1,83 +1,103 @@
-"""A rollout's call-log writer that keeps the 20K-token JSON encoding off the response's critical path.
+"""A rollout's call-log writer that encodes each call's input once, incrementally, for engine and log.
 
-A call's record repeats its whole input (~20K ids for a Claude Code call), and the next call's input
-extends this call's input + output. Encoding the ids is the shim's largest per-call cost, so this
-writer (a `CallLogWriter`: same file format, same validation, same fsync) encodes incrementally: it
-keeps the JSON text of the last few id sequences written and encodes only the part of a new sequence
-past the longest of them that is its prefix. The server calls `encode_ids` while the engine generates
-and `write_call` once the output is known, so only the output and the fsync remain on the critical path.
-The line written is byte-identical to `CallLogWriter.write(record)` (tested).
+A call's input (~20K ids for a Claude Code call) usually extends the previous call's input + output.
+This writer (a `CallLogWriter`: same validation, same fsync) keeps, for the last few calls written, their
+ids and the JSON text of them, and encodes a new input against the longest that is its prefix: the new
+ids are turned into text once, the engine gets the cached text plus them, and the log line gets the
+reference form (`input_ref` + `input_tail`, see `clawjax.calllog`) with only the new ids. A line is then
+~2 KB instead of ~150 KB, which is what the fsync before each response's final event has to wait for,
+and a rollout's log grows linearly instead of quadratically. Inputs that extend no cached call (a
+subagent's first call, a compacted context) are written whole.
+
+The server calls `encode_ids` before it sends the engine `EncodedInput.engine_json`; once the output is
+known it builds the line (`call_line`), hands it to a log thread to `append` (one writev, then fsync) and
+caches the new prefix (`remember`) while the disk works.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import threading
+from collections.abc import Sequence
 
-from clawjax.calllog import CALL_SCHEMA, CallLogWriter, CallRecord, parse_record
-
-_PLACEHOLDER = '"input_ids":[]'
+from clawjax.calllog import CallLogWriter, CallRecord, ids_json, record_line
 
 
-def _check_ids(ids: list[int], start: int) -> None:
-  for i in range(start, len(ids)):
-    t = ids[i]
-    if type(t) is not int or t < 0:  # pylint: disable=unidiomatic-typecheck
-      raise ValueError(f"token id {i} is {t!r}, not a non-negative integer")
+@dataclasses.dataclass(frozen=True)
+class EncodedInput:
+  """A call's input ids, encoded for the engine request (`engine_json`: the whole array) and for the
+  log line (`log_field`: `"input_ids":[...]` or `"input_ref":{...},"input_tail":[...]`)."""
+  engine_json: bytes
+  log_field: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+  """A call already written: its input + output ids and their comma-joined text. A tuple, not a list:
+  the garbage collector stops tracking a tuple of ints after its first pass, while it would walk every
+  element of these ~20K-id sequences (four per live rollout) in each full collection."""
+  call_index: int
+  ids: tuple[int, ...]
+  text: bytes
 
 
 class RolloutLogWriter(CallLogWriter):
 
-  def __init__(self, path: str | os.PathLike[str], cached_sequences: int = 4):
+  def __init__(self, path: str | os.PathLike[str], cached_calls: int = 4):
     super().__init__(path)
-    # (ids, their comma-joined text): the latest sequences written, most recent last. More than one,
-    # so a rollout's interleaved main-agent and subagent calls both stay incremental.
-    self._seqs: list[tuple[list[int], str]] = []
-    self._cached_sequences = cached_sequences
-    self._seq_lock = threading.Lock()
+    # Most recently used last. More than one, so a rollout's interleaved main-agent and subagent calls
+    # (and retries) all find their prefix.
+    self._calls: list[_Written] = []
+    self._cached_calls = cached_calls
+    self._lock_calls = threading.Lock()
 
-  def encode_ids(self, ids: list[int]) -> str:
-    """The JSON array text of `ids`, reusing the text of a cached prefix (validates the new ids)."""
-    with self._seq_lock:
-      seqs = sorted(self._seqs, key=lambda entry: len(entry[0]), reverse=True)
-    best, best_n, best_text = None, 0, ""
-    for entry in seqs:  # Longest first; two probes reject most non-prefixes before the full compare.
-      seq, text = entry
-      n = len(seq)
-      if 0 < n <= len(ids) and ids[n - 1] == seq[-1] and ids[n // 2] == seq[n // 2] and ids[:n] == seq:
-        best, best_n, best_text = entry, n, text
-        break
-    if best is not None:
-      with self._seq_lock:  # Least recently used goes first: a prefix that keeps matching stays.
-        i = next((i for i, entry in enumerate(self._seqs) if entry is best), None)
-        if i is not None:  # (Identity: `in` would compare 20K-id lists.)
-          self._seqs.append(self._seqs.pop(i))
-    _check_ids(ids, best_n)
-    tail = ",".join(map(str, ids[best_n:]))
-    return "[" + (best_text + "," + tail if best_n and tail else best_text or tail) + "]"
+  def encode_ids(self, ids: Sequence[int], call_index: int) -> EncodedInput:
+    """Encodes the input of call `call_index` (validating the ids not taken from a cached call)."""
+    with self._lock_calls:
+      calls = sorted(self._calls, key=lambda c: len(c.ids), reverse=True)
+    ids = tuple(ids)
+    for c in calls:  # Longest first; two probes reject most candidates before a full compare.
+      n = len(c.ids)
+      if 0 < n <= len(ids) and c.call_index < call_index and ids[n - 1] == c.ids[-1] \
+          and ids[n // 2] == c.ids[n // 2] and ids[:n] == c.ids:
+        # (The loader resolves references to earlier calls only.)
+        tail = ids_json(ids, n)[1:-1]
+        with self._lock_calls:  # Least recently used goes first: a prefix that keeps matching stays.
+          i = next((i for i, other in enumerate(self._calls) if other is c), None)
+          if i is not None:  # (Identity: `in` would compare 20K-id lists.)
+            self._calls.append(self._calls.pop(i))
+        return EncodedInput(
+            b"".join((b"[", c.text, b"," if tail else b"", tail, b"]")),
+            b'"input_ref":{"call_index":%d,"length":%d},"input_tail":[%b]' % (c.call_index, n, tail))
+    engine = ids_json(ids)
+    return EncodedInput(engine, b'"input_ids":' + engine)
 
-  def write_call(self, record: CallRecord, input_json: str | None = None) -> None:
-    """Appends `record` (fsynced); `input_json` is `encode_ids(record.input_ids)` if already done."""
-    input_ids = list(record.input_ids)
-    if input_json is None:
-      input_json = self.encode_ids(input_ids)
-    # Validated by encode_ids and spliced into the line below, so not copied into the JSON object.
-    obj = dataclasses.replace(record, input_ids=()).to_json()
-    parse_record(obj, f"{self.path}:<new {CALL_SCHEMA} record>")
-    line = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    # JSON escapes every quote inside a string value, so the first match is the key itself.
-    self.append_line(line.replace(_PLACEHOLDER, '"input_ids":' + input_json, 1) + "\n")
-    history = input_ids + list(record.output_ids)
-    output_text = ",".join(map(str, record.output_ids))
-    body = input_json[1:-1]
-    with self._seq_lock:
-      self._seqs.append((history, body + "," + output_text if body and output_text
-                         else body or output_text))
-      del self._seqs[:-self._cached_sequences]
+  def write_call(self, record: CallRecord, encoded: EncodedInput | None = None) -> None:
+    """Appends `record` (fsynced); `encoded` is `encode_ids(record.input_ids, record.call_index)` if
+    already done."""
+    if encoded is None:
+      encoded = self.encode_ids(list(record.input_ids), record.call_index)
+    self.append(self.call_line(record, encoded))
+    self.remember(record, encoded)
+
+  def call_line(self, record: CallRecord, encoded: EncodedInput) -> list[bytes]:
+    """The validated line of `record`, for `append` (the server builds it on its event loop and appends
+    it on a log thread, where only the write and the fsync happen)."""
+    return record_line(record, f"{self.path}:<new call record>", encoded.log_field)
+
+  def remember(self, record: CallRecord, encoded: EncodedInput) -> None:
+    """Caches `record`'s input + output and their text: the likely prefix of the next call's input."""
+    output_text = ",".join(map(str, record.output_ids)).encode()
+    input_text = encoded.engine_json[1:-1]
+    written = _Written(record.call_index, (*record.input_ids, *record.output_ids),
+                       b",".join((input_text, output_text)) if input_text and output_text
+                       else input_text or output_text)
+    with self._lock_calls:
+      self._calls.append(written)
+      del self._calls[:-self._cached_calls]
 
   def close(self) -> None:
     super().close()
-    with self._seq_lock:
-      self._seqs.clear()
+    with self._lock_calls:
+      self._calls.clear()

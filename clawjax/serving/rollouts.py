@@ -66,9 +66,8 @@ class Rollout:
       self.builder = None
       self.memos.clear()
 
-  def write(self, record: CallRecord, input_json: str | None = None) -> None:
-    """Appends and fsyncs one call record (blocking: call it from a worker thread)."""
-    self.writer.write_call(record, input_json)
+  def note_written(self, record: CallRecord) -> None:
+    """Adds a call whose record is on disk to the summary."""
     self.calls.append({"call_index": record.call_index, "status": record.status, "role": record.role,
                        "input_tokens": len(record.input_ids), "output_tokens": len(record.output_ids),
                        "finish_reason": record.finish_reason, "t_end": record.t_end})

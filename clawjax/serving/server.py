@@ -34,6 +34,7 @@ from clawjax.serving.backends.base import (Backend, BackendError, EncodedIds, Ge
                                            SamplingParams)
 from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, dumps, new_id
 from clawjax.serving.errors import ApiError
+from clawjax.serving.logwriter import EncodedInput
 from clawjax.serving.openai_api import OpenAIDialect
 from clawjax.serving.profiles import HarnessProfile, profile_for
 from clawjax.serving.rollouts import Rollout, RolloutRegistry
@@ -270,11 +271,11 @@ class ShimServer:
     message_id = new_id("msg_" if dialect is self.anthropic else "chatcmpl-")
     # The call log's incremental encoding makes the ids' JSON cheap (new tokens only); the record and
     # a remote engine's request both use it.
-    input_json = rollout.writer.encode_ids(input_ids)
+    encoded = rollout.writer.encode_ids(input_ids, call_index)
 
     async def generate() -> tuple[Generation, float]:
       t = time.time()
-      gen = await self.backend.generate(EncodedIds(input_ids, input_json), params)
+      gen = await self.backend.generate(EncodedIds(input_ids, encoded.engine_json), params)
       return gen, time.time() - t
 
     gen_task = asyncio.ensure_future(generate())
@@ -315,7 +316,7 @@ class ShimServer:
                      status=(529 if dialect is self.anthropic else 503) if overloaded else 500)
       if not isinstance(e, BackendError):
         log.exception("backend raised")
-      await self._write(rollout, input_json, CallRecord(
+      await self._write(rollout, encoded, CallRecord(
           **record, status="error", output_ids=(), output_logprobs=(), finish_reason=None,
           t_end=time.time(), policy_version=None,
           extra=dict(extra, error=str(e), backend_status=status)))
@@ -329,13 +330,13 @@ class ShimServer:
       extra["malformed_tool_calls"] = list(turn.malformed)
     if disconnected:
       extra["client_disconnected"] = True
-    written = asyncio.ensure_future(self._write(rollout, input_json, CallRecord(
-        **record, status="ok", output_ids=tuple(gen.output_ids),
-        output_logprobs=tuple(gen.output_logprobs), finish_reason=gen.finish_reason,
-        t_end=time.time(), policy_version=gen.policy_version, extra=extra)))
+    call = CallRecord(**record, status="ok", output_ids=tuple(gen.output_ids),
+                      output_logprobs=tuple(gen.output_logprobs), finish_reason=gen.finish_reason,
+                      t_end=time.time(), policy_version=gen.policy_version, extra=extra)
+    written = self._start_write(rollout, encoded, call)
     result = ChatResult(turn, len(input_ids), len(gen.output_ids), gen.finish_reason)
     if not req.stream:
-      await written
+      await self._finish_write(rollout, encoded, call, written)
       return _json_response(dialect.response(result, self.config.model_name, message_id))
     try:  # Everything but the final event goes out while the record is being fsynced.
       if stream is None:
@@ -343,7 +344,7 @@ class ShimServer:
         await send(dialect.stream_head(message_id, self.config.model_name, len(input_ids)))
       await send(dialect.stream_body(message_id, self.config.model_name, result, req.include_usage))
     finally:
-      await written
+      await self._finish_write(rollout, encoded, call, written)
     await send(dialect.stream_final())
     return stream
 
@@ -353,10 +354,22 @@ class ShimServer:
     await stream.prepare(request)
     return stream
 
-  async def _write(self, rollout: Rollout, input_json: str, record: CallRecord) -> None:
-    # fsync blocks: keep it off the event loop so other rollouts' calls keep flowing.
-    await asyncio.get_running_loop().run_in_executor(self._log_pool, rollout.write, record,
-                                                     input_json)
+  def _start_write(self, rollout: Rollout, encoded: EncodedInput, record: CallRecord
+                   ) -> asyncio.Future:
+    """Builds and validates the record's line here, and appends + fsyncs it on a log thread (the disk
+    blocks; other rollouts' calls keep flowing). Returns the future of the fsync."""
+    line = rollout.writer.call_line(record, encoded)
+    return asyncio.get_running_loop().run_in_executor(self._log_pool, rollout.writer.append, line)
+
+  async def _finish_write(self, rollout: Rollout, encoded: EncodedInput, record: CallRecord,
+                          written: asyncio.Future) -> None:
+    """While the disk works: cache this call's encoding for the next call. Then wait for the fsync."""
+    rollout.writer.remember(record, encoded)
+    await written
+    rollout.note_written(record)
+
+  async def _write(self, rollout: Rollout, encoded: EncodedInput, record: CallRecord) -> None:
+    await self._finish_write(rollout, encoded, record, self._start_write(rollout, encoded, record))
 
 
 class ShimThread:

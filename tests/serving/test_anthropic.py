@@ -210,8 +210,8 @@ def test_final_event_waits_for_the_record_on_disk(make_shim):
   shim = make_shim([READ_TURN])
   rollout = shim.create_rollout("t", "claude-code")
   writer = shim.server.registry.get(rollout["rollout_id"]).writer
-  append = writer.append_line
-  writer.append_line = lambda line: (time.sleep(0.5), append(line))
+  append = writer.append
+  writer.append = lambda line: (time.sleep(0.5), append(line))
   body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
   req = urllib.request.Request(rollout["base_url"] + "/v1/messages", data=json.dumps(body).encode(),
                                headers={"content-type": "application/json", "x-api-key": rollout["api_key"]})

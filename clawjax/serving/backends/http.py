@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import aiohttp
+import orjson
 
 from clawjax.serving.backends.base import Backend, BackendError
 
@@ -13,10 +14,19 @@ from clawjax.serving.backends.base import Backend, BackendError
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-def json_with_ids(key: str, ids_text: str, rest: dict[str, Any]) -> str:
-  """A JSON object text whose first field `key` holds an already encoded id array."""
-  tail = json.dumps(rest, separators=(",", ":"))
-  return f'{{"{key}":{ids_text}' + ("," + tail[1:] if len(tail) > 2 else "}")
+def json_with_ids(key: str, ids_text: bytes, rest: dict[str, Any]) -> bytes:
+  """A JSON object whose first field `key` holds an already encoded id array."""
+  tail = json.dumps(rest, separators=(",", ":")).encode()
+  return b"".join((b'{"', key.encode(), b'":', ids_text, b"," + tail[1:] if len(tail) > 2 else b"}"))
+
+
+def _decode_json(body: bytes) -> Any:
+  # orjson is ~5x faster on an 8K-token answer's log-prob triples; `json` also takes the NaN /
+  # Infinity literals some engines write, so the parser can name them as bad log-probs.
+  try:
+    return orjson.loads(body)
+  except orjson.JSONDecodeError:
+    return json.loads(body)
 
 
 class HttpBackend(Backend):
@@ -39,7 +49,7 @@ class HttpBackend(Backend):
           timeout=self.timeout, connector=aiohttp.TCPConnector(limit=self.max_connections))
     return self._session
 
-  async def request(self, method: str, path: str, payload: Any = None, *, body: str | None = None
+  async def request(self, method: str, path: str, payload: Any = None, *, body: bytes | None = None
                     ) -> Any:
     """JSON in (`payload`, or `body` already encoded), JSON out (a 2xx answer that is not JSON comes back
     as its text); raises BackendError naming the endpoint on any failure."""
@@ -55,7 +65,7 @@ class HttpBackend(Backend):
         if not body:
           return None
         try:
-          return json.loads(body)
+          return _decode_json(body)
         except ValueError:
           # Some engine endpoints answer success in plain text (SGLang's /flush_cache).
           return body.decode("utf-8", "replace")

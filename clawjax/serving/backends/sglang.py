@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams, ids_json,
-                                           register_backend)
+from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams,
+                                           ids_json_text, register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -54,7 +54,8 @@ class SGLangBackend(HttpBackend):
     if params.seed is not None:
       sampling["sampling_seed"] = params.seed
     body = await self.request("POST", "/generate", body=json_with_ids(
-        "input_ids", ids_json(input_ids), {"sampling_params": sampling, "return_logprob": True}))
+        "input_ids", ids_json_text(input_ids),
+        {"sampling_params": sampling, "return_logprob": True}))
     ids, logprobs, finish, version = parse_generate_response(body)
     if finish == "abort":
       raise BackendError(f"sglang aborted the request: {body['meta_info'].get('finish_reason')}",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams, ids_json,
-                                           register_backend)
+from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams,
+                                           ids_json_text, register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 
@@ -44,7 +44,7 @@ class VLLMBackend(HttpBackend):
     if params.seed is not None:
       payload["seed"] = params.seed
     body = await self.request("POST", "/v1/completions",
-                              body=json_with_ids("prompt", ids_json(input_ids), payload))
+                              body=json_with_ids("prompt", ids_json_text(input_ids), payload))
     try:
       choice = body["choices"][0]
       ids = [int(t) for t in choice["token_ids"]]
