@@ -1,12 +1,15 @@
 """Added latency of the token-logging shim over calling the engine directly, side by side in one run.
 
-Three processes: an engine speaking SGLang's native /generate (a fixed-latency stand-in that answers
+Four processes: an engine speaking SGLang's native /generate (a fixed-latency stand-in that answers
 with a scripted tool-call turn), the shim (`python -m clawjax.serving --backend sglang`, a real
-subprocess with its real call log on disk), and this client. For each concurrency level, C rollouts
+subprocess with its real call log on disk), a bare hop (aiohttp on uvloop, like the shim, forwarding
+the same engine request without any of the shim's work: the floor of a Python HTTP proxy), and this
+client. For each concurrency level, C rollouts
 are first played to their 29th call with a Claude Code-sized conversation (~75 KB body, ~20K-token
 context, 12 tools); then each rollout repeatedly issues its 30th call (a fresh tool result each time,
-so the new block is really tokenised) through the shim, alternating with a direct /generate call of the
-same token ids to the engine. Added latency = shim percentile - direct percentile.
+so the new block is really tokenised) through the shim, then a direct /generate call of the same token
+ids to the engine, then the same Messages call through the bare hop, and waits uniform(0,
+--tool-time-s) for its "tool". Added latency = shim percentile - direct percentile.
 
   python benchmarks/shim_overhead.py --json [--concurrency 1 16 128 --rounds 30]
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -41,7 +45,7 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-# ---- the engine stand-in (runs in its own process: --serve-engine PORT)
+# ---- the engine stand-in and the bare hop (each in its own process: --serve-engine / --serve-hop)
 
 def serve_engine(port: int, latency_s: float) -> None:
   from aiohttp import web
@@ -66,19 +70,54 @@ def serve_engine(port: int, latency_s: float) -> None:
     await asyncio.sleep(latency_s)
     return web.Response(body=reply(len(body["input_ids"])), content_type="application/json")
 
+  serve_app(port, [("POST", "/generate", generate)])
+
+
+def serve_hop(port: int, engine_url: str) -> None:
+  """The floor: an HTTP hop built like the shim (aiohttp on uvloop) that does none of its work. It reads
+  the Messages body, sends the engine the /generate request the client configured (the same bytes the
+  direct calls send), reads the answer and streams back two fixed events."""
+  from aiohttp import web
+  state: dict[str, object] = {}
+  events = (b'event: message_start\ndata: {"type":"message_start"}\n\n'
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+
+  async def configure(request: web.Request) -> web.Response:
+    state["payload"] = await request.read()
+    return web.json_response({})
+
+  async def messages(request: web.Request) -> web.StreamResponse:
+    if "session" not in state:
+      state["session"] = aiohttp.ClientSession()
+    await request.read()
+    async with state["session"].post(engine_url + "/generate", data=state["payload"],
+                                     headers={"Content-Type": "application/json"}) as resp:
+      orjson.loads(await resp.read())
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await stream.prepare(request)
+    await stream.write(events)
+    return stream
+
+  serve_app(port, [("POST", "/configure", configure), ("POST", "/v1/messages", messages)])
+
+
+def serve_app(port: int, routes: list) -> None:
+  from aiohttp import web
+
   async def health(request: web.Request) -> web.Response:
     return web.json_response({})
 
   async def serve() -> None:
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/generate", generate)
+    for method, path, handler in routes:
+      app.router.add_route(method, path, handler)
     app.router.add_get("/health", health)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     await asyncio.Event().wait()  # Until terminated.
 
-  uvloop.run(serve())  # As SGLang's server (uvicorn) runs.
+  uvloop.run(serve())  # As SGLang's server (uvicorn) runs, and as the shim runs.
 
 
 # ---- a Claude Code-sized conversation
@@ -156,14 +195,16 @@ def _reassemble(sse_text: str) -> list[dict]:
   return blocks
 
 
-async def call_direct(session, engine_url, data: bytes) -> float:
+async def post_timed(session, url: str, data: bytes, headers: dict[str, str]) -> tuple[float, bytes]:
   t = time.perf_counter()
-  async with session.post(engine_url + "/generate", data=data,
-                          headers={"content-type": "application/json"}) as resp:
-    await resp.read()
+  async with session.post(url, data=data, headers=headers) as resp:
+    raw = await resp.read()
   if resp.status != 200:
-    raise RuntimeError(f"engine answered {resp.status}")
-  return time.perf_counter() - t
+    raise RuntimeError(f"{url} answered {resp.status}: {raw[-300:]!r}")
+  return time.perf_counter() - t, raw
+
+
+_JSON = {"content-type": "application/json"}
 
 
 def direct_request(input_ids: list[int]) -> bytes:
@@ -175,11 +216,18 @@ def direct_request(input_ids: list[int]) -> bytes:
                                            "skip_special_tokens": False, "no_stop_trim": True}})
 
 
-async def rollout_worker(session, shim_url, engine_url, rounds, n_prior, out,
-                         barrier: asyncio.Barrier, on_release, tool_s: float, seed: int) -> None:
+@dataclasses.dataclass(frozen=True)
+class Servers:
+  shim: str
+  engine: str
+  hop: str
+
+
+async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: asyncio.Barrier,
+                         on_release, tool_s: float, seed: int) -> None:
   rng = random.Random(seed)
-  async with session.post(shim_url + "/rollouts", json={"task_id": "bench",
-                                                        "harness": "claude-code"}) as resp:
+  async with session.post(urls.shim + "/rollouts", json={"task_id": "bench",
+                                                         "harness": "claude-code"}) as resp:
     rollout = await resp.json()
   body = first_request()
   for k in range(n_prior):  # Calls 1..n_prior, echoing each turn back like Claude Code.
@@ -189,13 +237,14 @@ async def rollout_worker(session, shim_url, engine_url, rounds, n_prior, out,
         {"type": "tool_result", "tool_use_id": b["id"], "content": tool_result(k)}
         for b in blocks if b["type"] == "tool_use"]})
   last = body["messages"][-1]["content"][0]
-  # One unmeasured 30th call: its logged prompt is what the direct calls send.
+  # One unmeasured 30th call: its logged prompt is what the direct calls (and the hop) send.
   last["content"] = tool_result(n_prior, salt="\n# warm-up")
   out["body_bytes"] = len(orjson.dumps(body))
   await call_shim(session, rollout, body, reassemble=False)
   out["input_ids"] = _last_input_ids(rollout["log_path"])
   direct = direct_request(out["input_ids"])
-  await call_direct(session, engine_url, direct)
+  await post_timed(session, urls.engine + "/generate", direct, _JSON)
+  await post_timed(session, urls.hop + "/configure", direct, _JSON)
   if await barrier.wait() == 0:  # The measured calls of all rollouts start together.
     on_release()
   for r in range(rounds):
@@ -204,19 +253,22 @@ async def rollout_worker(session, shim_url, engine_url, rounds, n_prior, out,
     last["content"] = tool_result(n_prior, salt=f"\n# round {r}")
     dt, _ = await call_shim(session, rollout, body, reassemble=False)
     out["shim"].append(dt)
-    out["direct"].append(await call_direct(session, engine_url, direct))
+    out["direct"].append((await post_timed(session, urls.engine + "/generate", direct, _JSON))[0])
+    out["hop"].append((await post_timed(session, urls.hop + "/v1/messages", orjson.dumps(body),
+                                        _JSON))[0])
   if await barrier.wait() == 0:
     on_release()
-  async with session.post(f"{shim_url}/rollouts/{rollout['rollout_id']}/finish", json={}) as resp:
+  async with session.post(f"{urls.shim}/rollouts/{rollout['rollout_id']}/finish", json={}) as resp:
     await resp.read()
   (records,) = load(rollout["log_path"]).calls.values()
   # Inside the shim: arrival to the record built (t_end, just before its fsync), less the engine time.
   out["server"] += [r.t_end - r.t_start - r.extra["backend_s"] for r in records[n_prior + 1:]]
   out["backend"] += [r.extra["backend_s"] for r in records[n_prior + 1:]]
   out["log_bytes"] = os.path.getsize(rollout["log_path"])
+
+
 def _last_input_ids(path: str) -> list[int]:
-  calls = load(path).calls
-  (records,) = calls.values()
+  (records,) = load(path).calls.values()
   return list(records[-1].input_ids)
 
 
@@ -227,33 +279,33 @@ def cpu_seconds(pid: int) -> float:
   return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measure(shim_url, engine_url, concurrency, rounds, n_prior, pids: dict[str, int],
+async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, int],
                   tool_s: float) -> dict:
-  outs = [{"shim": [], "direct": [], "server": [], "backend": []} for _ in range(concurrency)]
+  outs = [{"shim": [], "direct": [], "hop": [], "server": [], "backend": []}
+          for _ in range(concurrency)]
   cpu_marks: list[dict[str, float]] = []  # CPU seconds by process, at the start and end of the rounds.
   barrier = asyncio.Barrier(concurrency)
   on_release = lambda: cpu_marks.append({name: cpu_seconds(pid) for name, pid in pids.items()})
   conn = aiohttp.TCPConnector(limit=0)
   async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=3600)) as s:
-    await asyncio.gather(*(rollout_worker(s, shim_url, engine_url, rounds, n_prior, o, barrier,
-                                          on_release, tool_s, seed)
+    await asyncio.gather(*(rollout_worker(s, urls, rounds, n_prior, o, barrier, on_release, tool_s,
+                                          seed)
                            for seed, o in enumerate(outs)))
-  # Per measured round (one call through the shim, one direct call), by process: load-independent.
+  # Per measured round (one call each through the shim, direct and through the hop), by process.
   cpu_ms_per_round = {name: (cpu_marks[1][name] - cpu_marks[0][name]) * 1e3 / (concurrency * rounds)
                       for name in pids}
-  shim = np.array([x for o in outs for x in o["shim"]]) * 1e3
-  direct = np.array([x for o in outs for x in o["direct"]]) * 1e3
-  server = np.array([x for o in outs for x in o["server"]]) * 1e3
-  backend = np.array([x for o in outs for x in o["backend"]]) * 1e3
-  pct = lambda a, q: float(np.percentile(a, q))
-  return {"concurrency": concurrency, "samples": len(shim), "body_bytes": outs[0]["body_bytes"],
+  ms = {k: np.array([x for o in outs for x in o[k]]) * 1e3
+        for k in ("shim", "direct", "hop", "server", "backend")}
+  pct = {k: {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+         for k, a in ms.items()}
+  minus = lambda a, b: {q: pct[a][q] - pct[b][q] for q in ("p50", "p99")}
+  return {"concurrency": concurrency, "samples": len(ms["shim"]), "body_bytes": outs[0]["body_bytes"],
           "log_bytes_per_rollout": outs[0]["log_bytes"],
           "context_tokens": len(outs[0]["input_ids"]),
-          "direct_ms": {"p50": pct(direct, 50), "p99": pct(direct, 99)},
-          "shim_ms": {"p50": pct(shim, 50), "p99": pct(shim, 99)},
-          "added_ms": {"p50": pct(shim, 50) - pct(direct, 50), "p99": pct(shim, 99) - pct(direct, 99)},
-          "in_shim_before_fsync_ms": {"p50": pct(server, 50), "p99": pct(server, 99)},
-          "engine_seen_by_shim_ms": {"p50": pct(backend, 50), "p99": pct(backend, 99)},
+          "direct_ms": pct["direct"], "shim_ms": pct["shim"], "added_ms": minus("shim", "direct"),
+          # The floor: what an aiohttp hop that does none of the shim's work adds.
+          "hop_ms": pct["hop"], "hop_added_ms": minus("hop", "direct"),
+          "in_shim_before_fsync_ms": pct["server"], "engine_seen_by_shim_ms": pct["backend"],
           "shim_cpu_ms_per_call": cpu_ms_per_round["shim"], "cpu_ms_per_round": cpu_ms_per_round}
 
 
@@ -282,30 +334,37 @@ def main() -> None:
                  help="each rollout waits uniform(0, this) between rounds, as a harness runs its tool; "
                       "0 keeps all rollouts in lockstep (every call arrives in one burst)")
   p.add_argument("--serve-engine", type=int, default=None, help=argparse.SUPPRESS)
+  p.add_argument("--serve-hop", type=int, default=None, help=argparse.SUPPRESS)
+  p.add_argument("--engine-url", default=None, help=argparse.SUPPRESS)
   args = p.parse_args()
   if args.serve_engine is not None:
     serve_engine(args.serve_engine, args.engine_latency_s)
     return
-  engine_port, shim_port = free_port(), free_port()
-  engine_url, shim_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{shim_port}"
+  if args.serve_hop is not None:
+    serve_hop(args.serve_hop, args.engine_url)
+    return
+  engine_port, shim_port, hop_port = free_port(), free_port(), free_port()
+  urls = Servers(*(f"http://127.0.0.1:{port}" for port in (shim_port, engine_port, hop_port)))
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   with tempfile.TemporaryDirectory() as log_dir:
-    engine = subprocess.Popen([sys.executable, __file__, "--serve-engine", str(engine_port),
-                               "--engine-latency-s", str(args.engine_latency_s)], env=env)
-    shim = subprocess.Popen([sys.executable, "-m", "clawjax.serving", "--backend", "sglang",
-                             "--backend-url", engine_url, "--model", "qwen3", "--port", str(shim_port),
-                             "--log-dir", log_dir, "--max-context", "65536"], env=env,
-                            stderr=subprocess.DEVNULL)
+    procs = {
+        "engine": subprocess.Popen([sys.executable, __file__, "--serve-engine", str(engine_port),
+                                    "--engine-latency-s", str(args.engine_latency_s)], env=env),
+        "shim": subprocess.Popen([sys.executable, "-m", "clawjax.serving", "--backend", "sglang",
+                                  "--backend-url", urls.engine, "--model", "qwen3",
+                                  "--port", str(shim_port), "--log-dir", log_dir,
+                                  "--max-context", "65536"], env=env, stderr=subprocess.DEVNULL),
+        "hop": subprocess.Popen([sys.executable, __file__, "--serve-hop", str(hop_port),
+                                 "--engine-url", urls.engine], env=env)}
     try:
-      asyncio.run(wait_up(engine_url, engine))
-      asyncio.run(wait_up(shim_url, shim))
-      pids = {"shim": shim.pid, "engine": engine.pid, "client": os.getpid()}
+      for name, proc in procs.items():
+        asyncio.run(wait_up(getattr(urls, name), proc))
+      pids = {name: proc.pid for name, proc in procs.items()} | {"client": os.getpid()}
       # The client is on libuv too, as Node.js harnesses are.
-      results = [uvloop.run(measure(shim_url, engine_url, c, args.rounds, args.prior_calls, pids,
-                                    args.tool_time_s))
+      results = [uvloop.run(measure(urls, c, args.rounds, args.prior_calls, pids, args.tool_time_s))
                  for c in args.concurrency]
     finally:
-      for proc in (shim, engine):
+      for proc in procs.values():
         proc.terminate()
         proc.wait()
   report = {"benchmark": "shim_overhead", "engine_latency_s": args.engine_latency_s,
@@ -320,7 +379,8 @@ def main() -> None:
       inside = r["in_shim_before_fsync_ms"]
       print(f"C={r['concurrency']:4d}  direct p50 {r['direct_ms']['p50']:7.2f} ms  "
             f"shim p50 {r['shim_ms']['p50']:7.2f} ms  added p50 {r['added_ms']['p50']:6.2f} ms  "
-            f"p99 {r['added_ms']['p99']:6.2f} ms  in-shim p50 {inside['p50']:6.2f} ms "
+            f"p99 {r['added_ms']['p99']:6.2f} ms  bare hop added p50 {r['hop_added_ms']['p50']:5.2f} "
+            f"p99 {r['hop_added_ms']['p99']:5.2f} ms  in-shim p50 {inside['p50']:6.2f} ms "
             f"p99 {inside['p99']:6.2f} ms  CPU/round " + " ".join(
                 f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms")
 

@@ -8,6 +8,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from clawjax.serving.errors import ApiError
 from clawjax.text.messages import Message, ParsedTurn, ToolSpec, random_hex
 
@@ -67,7 +69,12 @@ def new_id(prefix: str) -> str:
 
 
 def dumps(obj: Any) -> str:
-  return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+  """Compact JSON, UTF-8 characters unescaped. orjson (~10x faster on a turn's events) refuses integers
+  beyond 64 bits and non-string keys, which a model's tool arguments can hold: those take `json`."""
+  try:
+    return orjson.dumps(obj).decode()
+  except TypeError:  # (orjson.JSONEncodeError is a TypeError)
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

@@ -339,10 +339,12 @@ class ShimServer:
       await self._finish_write(rollout, encoded, call, written)
       return _json_response(dialect.response(result, self.config.model_name, message_id))
     try:  # Everything but the final event goes out while the record is being fsynced.
-      if stream is None:
+      head = b""
+      if stream is None:  # (One write: aiohttp sends the headers with the first chunk.)
         stream = await self._open_stream(request)
-        await send(dialect.stream_head(message_id, self.config.model_name, len(input_ids)))
-      await send(dialect.stream_body(message_id, self.config.model_name, result, req.include_usage))
+        head = dialect.stream_head(message_id, self.config.model_name, len(input_ids))
+      await send(head + dialect.stream_body(message_id, self.config.model_name, result,
+                                            req.include_usage))
     finally:
       await self._finish_write(rollout, encoded, call, written)
     await send(dialect.stream_final())

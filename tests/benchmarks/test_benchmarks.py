@@ -40,3 +40,7 @@ def test_shim_benchmark_reports_every_level():
   for r in report["results"]:
     assert r["samples"] == 3 * r["concurrency"] and r["context_tokens"] > 1000
     assert r["shim_ms"]["p50"] > r["in_shim_before_fsync_ms"]["p50"] > 0
+    assert r["hop_ms"]["p50"] > r["direct_ms"]["p50"] > 0
+    # Compact call-log lines: the rollout's 7 calls (~20K-token contexts, ~7 bytes an id) log about
+    # one context in full; writing each input whole would take ~7 contexts.
+    assert r["log_bytes_per_rollout"] < 2 * 7 * r["context_tokens"]

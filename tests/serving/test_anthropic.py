@@ -223,3 +223,20 @@ def test_final_event_waits_for_the_record_on_disk(make_shim):
         seen.append((event, len(log_calls(rollout["log_path"]))))
   assert seen[-1] == ("message_stop", 1)
   assert ("content_block_start", 0) in seen  # The body did go out before the record was on disk.
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_tool_input_beyond_64_bit_integers_and_unicode_reaches_the_client(make_shim, stream):
+  # The events are encoded with orjson, which refuses integers past 64 bits: those turns take `json`.
+  from clawjax.serving.backends.scripted import ScriptTurn
+  args = {"path": "café/ü.txt", "content": "naïve ✓", "seed": 2**70, "ratio": 0.1}
+  shim = make_shim([ScriptTurn(text="Writing.", tool_calls=(("write_file", args),))])
+  rollout = shim.create_rollout("t", "claude-code")
+  kwargs = dict(model="m", max_tokens=500, tools=TOOLS, messages=[{"role": "user", "content": "go"}])
+  if stream:
+    with client(rollout).messages.stream(**kwargs) as s:
+      reply = s.get_final_message()
+  else:
+    reply = client(rollout).messages.create(**kwargs)
+  (tool_use,) = [b for b in reply.content if b.type == "tool_use"]
+  assert tool_use.input == args
