@@ -20,7 +20,7 @@ def json_with_ids(key: str, ids_text: bytes, rest: dict[str, Any]) -> bytes:
   return b"".join((b'{"', key.encode(), b'":', ids_text, b"," + tail[1:] if len(tail) > 2 else b"}"))
 
 
-def _decode_json(body: bytes) -> Any:
+def _parse_answer(body: bytes) -> Any:
   # orjson is ~5x faster on an 8K-token answer's log-prob triples; `json` also takes the NaN /
   # Infinity literals some engines write, so the parser can name them as bad log-probs.
   try:
@@ -65,7 +65,7 @@ class HttpBackend(Backend):
         if not body:
           return None
         try:
-          return _decode_json(body)
+          return _parse_answer(body)
         except ValueError:
           # Some engine endpoints answer success in plain text (SGLang's /flush_cache).
           return body.decode("utf-8", "replace")
