@@ -34,12 +34,14 @@ class EncodedInput:
 
 @dataclasses.dataclass(frozen=True)
 class _Written:
-  """A call already written: its input + output ids and their comma-joined text. A tuple, not a list:
-  the garbage collector stops tracking a tuple of ints after its first pass, while it would walk every
-  element of these ~20K-id sequences (four per live rollout) in each full collection."""
+  """A call already written: its ids (the record's own tuples, not copies) and their JSON texts.
+  Tuples, not lists: the garbage collector stops tracking a tuple of ints after its first pass, while it
+  would walk every element of these ~20K-id sequences (four per live rollout) in each full collection."""
   call_index: int
-  ids: tuple[int, ...]
-  text: bytes
+  input_ids: tuple[int, ...]
+  output_ids: tuple[int, ...]
+  input_json: bytes   # [...]: what the engine was sent
+  output_text: bytes  # comma-joined, no brackets
 
 
 class RolloutLogWriter(CallLogWriter):
@@ -53,22 +55,29 @@ class RolloutLogWriter(CallLogWriter):
     self._lock_calls = threading.Lock()
 
   def encode_ids(self, ids: Sequence[int], call_index: int) -> EncodedInput:
-    """Encodes the input of call `call_index` (validating the ids not taken from a cached call)."""
+    """Encodes the input of call `call_index` (validating the ids not taken from a cached call). Pass a
+    tuple where one exists (the server's record holds it): other sequences are copied to one."""
     with self._lock_calls:
-      calls = sorted(self._calls, key=lambda c: len(c.ids), reverse=True)
+      calls = sorted(self._calls, key=lambda c: len(c.input_ids) + len(c.output_ids), reverse=True)
     ids = tuple(ids)
-    for c in calls:  # Longest first; two probes reject most candidates before a full compare.
-      n = len(c.ids)
-      if 0 < n <= len(ids) and c.call_index < call_index and ids[n - 1] == c.ids[-1] \
-          and ids[n // 2] == c.ids[n // 2] and ids[:n] == c.ids:
+    for c in calls:  # Longest first; two probes reject most candidates before the full compare.
+      m = len(c.input_ids)
+      n = m + len(c.output_ids)
+      if 0 < m and n <= len(ids) and c.call_index < call_index and ids[m - 1] == c.input_ids[-1] \
+          and ids[m // 2] == c.input_ids[m // 2] and ids[:m] == c.input_ids \
+          and ids[m:n] == c.output_ids:
         # (The loader resolves references to earlier calls only.)
         tail = ids_json(ids, n)[1:-1]
         with self._lock_calls:  # Least recently used goes first: a prefix that keeps matching stays.
           i = next((i for i, other in enumerate(self._calls) if other is c), None)
           if i is not None:  # (Identity: `in` would compare 20K-id lists.)
             self._calls.append(self._calls.pop(i))
+        parts = [memoryview(c.input_json)[:-1]]  # One copy of the cached text, into the new array.
+        for more in (c.output_text, tail):
+          if more:
+            parts += (b",", more)
         return EncodedInput(
-            b"".join((b"[", c.text, b"," if tail else b"", tail, b"]")),
+            b"".join((*parts, b"]")),
             b'"input_ref":{"call_index":%d,"length":%d},"input_tail":[%b]' % (c.call_index, n, tail))
     engine = ids_json(ids)
     return EncodedInput(engine, b'"input_ids":' + engine)
@@ -88,11 +97,8 @@ class RolloutLogWriter(CallLogWriter):
 
   def remember(self, record: CallRecord, encoded: EncodedInput) -> None:
     """Caches `record`'s input + output and their text: the likely prefix of the next call's input."""
-    output_text = ",".join(map(str, record.output_ids)).encode()
-    input_text = encoded.engine_json[1:-1]
-    written = _Written(record.call_index, (*record.input_ids, *record.output_ids),
-                       b",".join((input_text, output_text)) if input_text and output_text
-                       else input_text or output_text)
+    written = _Written(record.call_index, tuple(record.input_ids), tuple(record.output_ids),
+                       encoded.engine_json, ",".join(map(str, record.output_ids)).encode())
     with self._lock_calls:
       self._calls.append(written)
       del self._calls[:-self._cached_calls]

@@ -271,7 +271,8 @@ class ShimServer:
     message_id = new_id("msg_" if dialect is self.anthropic else "chatcmpl-")
     # The call log's incremental encoding makes the ids' JSON cheap (new tokens only); the record and
     # a remote engine's request both use it.
-    encoded = rollout.writer.encode_ids(input_ids, call_index)
+    input_tuple = tuple(input_ids)  # The record's ids; the log writer caches it, uncopied.
+    encoded = rollout.writer.encode_ids(input_tuple, call_index)
 
     async def generate() -> tuple[Generation, float]:
       t = time.time()
@@ -300,7 +301,7 @@ class ShimServer:
           await send(dialect.keepalive())
           done, _ = await asyncio.wait({gen_task}, timeout=self.config.keepalive_s)
     record = dict(rollout_id=rollout.rollout_id, task_id=rollout.task_id, harness=rollout.harness,
-                  call_index=call_index, input_ids=tuple(input_ids), role=rollout.profile.role(req),
+                  call_index=call_index, input_ids=input_tuple, role=rollout.profile.role(req),
                   model=self.config.model_name, t_start=t_start)
     extra = {"api": dialect.name, "stream": req.stream, "request_model": req.model,
              "max_new_tokens": params.max_new_tokens, "spliced_turns": prompt.spliced_turns,
