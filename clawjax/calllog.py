@@ -415,6 +415,9 @@ def ids_json(ids: Sequence[int], start: int = 0, where: str = "input_ids") -> by
   return b"[" + ",".join(map(str, ids[start:] if start else ids)).encode() + b"]"
 
 
+_ARRAY_FIELDS = ("input_ids", "output_ids", "output_logprobs")
+
+
 def record_line(record: Record, where: str, input_field: bytes | None = None) -> list[bytes]:
   """A record's validated JSONL line, in pieces for one `writev`.
 
@@ -434,15 +437,14 @@ def record_line(record: Record, where: str, input_field: bytes | None = None) ->
   parse_record(obj, where)
   small = {k: v for k, v in obj.items() if k not in _ARRAY_FIELDS}
   head = json.dumps(small, separators=(",", ":"), allow_nan=False).encode()
+  join = lambda ids: ",".join(map(str, ids)).encode()  # (validated by parse_record above)
   if input_field is None:
-    input_field = b'"input_ids":' + ids_json(obj["input_ids"])
-  output = ",".join(map(str, obj["output_ids"])).encode()
+    input_field = b'"input_ids":[' + join(obj["input_ids"]) + b"]"
+  output = join(obj["output_ids"])
   return [head[:-1] + b",", input_field,
           b',"output_ids":[' + output + b'],"output_logprobs":'
           + orjson.dumps(obj["output_logprobs"]) + b"}\n"]
 
-
-_ARRAY_FIELDS = ("input_ids", "output_ids", "output_logprobs")
 
 
 class CallLogWriter:
