@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 import openai
+import pytest
 
 from clawjax.serving.__main__ import parse_args
 
@@ -27,7 +28,8 @@ def test_flags_map_to_config():
                                     "latency_s": 0.5}
 
 
-def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path):
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path, event_loop):
   script = tmp_path / "turns.json"
   script.write_text(json.dumps([{"text": "hello from the script"}]))
   with socket.socket() as s:
@@ -38,7 +40,8 @@ def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path):
   proc = subprocess.Popen(
       [sys.executable, "-m", "clawjax.serving", "--backend", "scripted", "--model", "qwen3",
        "--backend-arg", f"script={script}", "--port", str(port), "--log-dir", str(tmp_path / "logs"),
-       "--max-new-tokens", "64"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+       "--max-new-tokens", "64", "--event-loop", event_loop], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT)
   try:
     deadline = time.time() + 60
     while True:
