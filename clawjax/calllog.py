@@ -45,6 +45,7 @@ ROLLOUT_SCHEMA = "clawjax.rollout/1"
 ROLES = ("main", "compaction", "subagent", "auxiliary")
 CALL_STATUSES = ("ok", "error")
 MAX_TOKEN_ID = 2**31 - 1  # token ids are stored as int32 downstream
+MAX_LOGPROB = 1e-6  # log-probs are <= 0; this much above is float rounding in the engine
 ROLLOUT_STATUSES = ("ok", "failed", "timeout", "error")
 
 
@@ -200,7 +201,7 @@ class _Fields:
     for i, x in enumerate(v):
       if not _is_number(x):
         raise self.fail(field, f"element {i} is {x!r}, not a number")
-      if not math.isfinite(x) or x > 1e-6:
+      if not math.isfinite(x) or x > MAX_LOGPROB:
         raise self.fail(field, f"element {i} is {x}, not a finite log-probability")
     return tuple(float(x) for x in v)
 

@@ -1,6 +1,7 @@
 """The HTTP backends against minimal servers speaking the engines' documented wire formats, with the
 scripted policy behind them; the registry; role profiles."""
 import asyncio
+import json
 import threading
 
 import anthropic
@@ -14,7 +15,8 @@ from clawjax.serving.chat import ChatRequest
 from clawjax.serving.profiles import PROFILES, RoleRule, profile_for
 from clawjax.text.messages import Message, ToolSpec
 
-from tests.serving.helpers import FINAL_TURN, WRITE_TURN, assert_linear_zero_drift, echo_tool_call_round
+from tests.serving.helpers import (FINAL_TURN, WRITE_TURN, assert_linear_zero_drift, echo_tool_call_round,
+                                  log_calls)
 
 
 class EngineServer:
@@ -121,6 +123,38 @@ def test_http_backend_round_trip_through_the_shim(make_shim, template, name):
       assert seen[0]["return_logprob"] is True and sampling["max_new_tokens"] == 300
     else:
       assert seen[0]["model"] == "served-policy" and seen[0]["return_token_ids"] is True
+
+
+@pytest.mark.parametrize("field", ["output_logprobs", "output_ids"])
+def test_engine_answer_that_fails_validation_is_a_backend_error(make_shim, template, field):
+  # The first answer carries a NaN log-prob (a JSON NaN literal) or a negative token id: the client
+  # gets the API's 500, the log an error record naming the field, and the next call goes through.
+  policy, answers = ScriptedBackend(template, [FINAL_TURN]), []
+
+  async def generate(request):
+    body = await request.json()
+    sp = body["sampling_params"]
+    gen = await policy.generate(body["input_ids"], SamplingParams(
+        max_new_tokens=sp["max_new_tokens"], stop_token_ids=tuple(sp["stop_token_ids"])))
+    pairs = [[lp, t, None] for lp, t in zip(gen.output_logprobs, gen.output_ids)]
+    if not answers:
+      pairs[1][0 if field == "output_logprobs" else 1] = float("nan") if field == "output_logprobs" else -5
+    answers.append(pairs)
+    return web.Response(text=json.dumps({"output_ids": [p[1] for p in pairs], "meta_info": {
+        "output_token_logprobs": pairs, "finish_reason": {"type": gen.finish_reason}}}),
+        content_type="application/json")
+
+  with EngineServer({("POST", "/generate"): generate}) as engine:
+    shim = make_shim(None, backend=create_backend("sglang", url=engine.url, model="qwen3"))
+    r = shim.create_rollout("t", "claude-code")
+    c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
+    kwargs = dict(model="m", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.InternalServerError) as e:
+      c.messages.create(**kwargs)
+    assert f"{field}[1]" in str(e.value)
+    assert c.messages.create(**kwargs).content[0].text == FINAL_TURN.text
+  calls = log_calls(r["log_path"])
+  assert [call.status for call in calls] == ["error", "ok"] and f"{field}[1]" in calls[0].extra["error"]
 
 
 def test_sglang_admin_calls_and_overload(template):

@@ -60,7 +60,10 @@ class SGLangBackend(HttpBackend):
     if finish == "abort":
       raise BackendError(f"sglang aborted the request: {body['meta_info'].get('finish_reason')}",
                          status=503)
-    return Generation(tuple(ids), tuple(logprobs), finish, version)
+    try:
+      return Generation(tuple(ids), tuple(logprobs), finish, version)
+    except ValueError as e:
+      raise BackendError(f"sglang /generate: {e}") from None
 
   async def update_weights_from_disk(self, model_path: str) -> int | None:
     body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path})

@@ -54,7 +54,10 @@ class VLLMBackend(HttpBackend):
       raise BackendError(f"vllm /v1/completions: unexpected answer {str(body)[:300]}") from None
     if finish not in ("stop", "length"):
       raise BackendError(f"vllm /v1/completions: finish_reason {finish!r}", status=503)
-    return Generation(tuple(ids), tuple(logprobs), finish, None)
+    try:
+      return Generation(tuple(ids), tuple(logprobs), finish, None)
+    except ValueError as e:
+      raise BackendError(f"vllm /v1/completions: {e}") from None
 
 
 @register_backend("vllm")
