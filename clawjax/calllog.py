@@ -138,6 +138,16 @@ def _is_number(v: Any) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def is_token_id(v: Any) -> bool:
+  """A valid token id: an int (not a bool) in [0, MAX_TOKEN_ID]."""
+  return type(v) is int and 0 <= v <= MAX_TOKEN_ID  # pylint: disable=unidiomatic-typecheck
+
+
+def is_logprob(v: Any) -> bool:
+  """A valid sampled token's log-prob: a finite number <= MAX_LOGPROB."""
+  return _is_number(v) and math.isfinite(v) and v <= MAX_LOGPROB
+
+
 class _Fields:
   """Typed access to one JSON object's fields, raising CallLogError that names the field."""
 
@@ -190,7 +200,7 @@ class _Fields:
     if not isinstance(v, list):
       raise self.fail(field, f"expected a list of token ids, got {type(v).__name__}")
     for i, t in enumerate(v):
-      if not _is_int(t) or not 0 <= t <= MAX_TOKEN_ID:
+      if not is_token_id(t):
         raise self.fail(field, f"element {i} is {t!r}, not an integer in [0, {MAX_TOKEN_ID}]")
     return tuple(v)
 
@@ -201,7 +211,7 @@ class _Fields:
     for i, x in enumerate(v):
       if not _is_number(x):
         raise self.fail(field, f"element {i} is {x!r}, not a number")
-      if not math.isfinite(x) or x > MAX_LOGPROB:
+      if not is_logprob(x):
         raise self.fail(field, f"element {i} is {x}, not a finite log-probability")
     return tuple(float(x) for x in v)
 
@@ -411,7 +421,7 @@ def ids_json(ids: Sequence[int], start: int = 0, where: str = "input_ids") -> by
   `where` and the element's index in `ids`)."""
   for i in range(start, len(ids)):
     t = ids[i]
-    if type(t) is not int or not 0 <= t <= MAX_TOKEN_ID:  # pylint: disable=unidiomatic-typecheck
+    if not is_token_id(t):
       raise ValueError(f"{where}: element {i} is {t!r}, not an integer in [0, {MAX_TOKEN_ID}]")
   return b"[" + ",".join(map(str, ids[start:] if start else ids)).encode() + b"]"
 

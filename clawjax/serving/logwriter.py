@@ -86,7 +86,7 @@ class RolloutLogWriter(CallLogWriter):
     """Appends `record` (fsynced); `encoded` is `encode_ids(record.input_ids, record.call_index)` if
     already done."""
     if encoded is None:
-      encoded = self.encode_ids(list(record.input_ids), record.call_index)
+      encoded = self.encode_ids(record.input_ids, record.call_index)
     self.append(self.call_line(record, encoded))
     self.remember(record, encoded)
 

@@ -27,11 +27,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-import math
 from collections.abc import Callable
 from typing import Any
 
-from clawjax.calllog import MAX_LOGPROB, MAX_TOKEN_ID, ids_json
+from clawjax.calllog import MAX_TOKEN_ID, ids_json, is_logprob, is_token_id
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -63,10 +62,6 @@ def ids_json_text(input_ids: list[int]) -> bytes:
   return text if text is not None else ids_json(list(input_ids))
 
 
-def _is_token_id(t: Any) -> bool:
-  return type(t) is int and 0 <= t <= MAX_TOKEN_ID  # pylint: disable=unidiomatic-typecheck  (no bools)
-
-
 def _check_each(values: tuple, field: str, ok: Callable[[Any], bool], problem: str) -> None:
   if not all(map(ok, values)):
     i, v = next((i, v) for i, v in enumerate(values) if not ok(v))
@@ -93,10 +88,8 @@ class Generation:
     if len(self.output_ids) != len(self.output_logprobs):
       raise ValueError(f"Generation: {len(self.output_ids)} output_ids but "
                        f"{len(self.output_logprobs)} output_logprobs")
-    _check_each(self.output_ids, "output_ids", _is_token_id, f"not a token id in [0, {MAX_TOKEN_ID}]")
-    _check_each(self.output_logprobs, "output_logprobs",
-                lambda x: -math.inf < x <= MAX_LOGPROB,  # NaN fails too.
-                "not a finite log-probability")
+    _check_each(self.output_ids, "output_ids", is_token_id, f"not a token id in [0, {MAX_TOKEN_ID}]")
+    _check_each(self.output_logprobs, "output_logprobs", is_logprob, "not a finite log-probability")
     if self.finish_reason not in FINISH_REASONS:
       raise ValueError(f"Generation: finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
 
