@@ -11,7 +11,14 @@ so the new block is really tokenised) through the shim, then a direct /generate 
 ids to the engine, then the same Messages call through the bare hop, and waits uniform(0,
 --tool-time-s) for its "tool". Added latency = shim percentile - direct percentile.
 
+With --incremental-stream the shim streams text as the engine samples it: the stand-in then sends one
+event per token (SGLang's incremental mode), half its latency before the first token and the rest
+spread over the turn, and direct calls stream the same way. Give it a realistic sampling time
+(--engine-latency-s 0.5 is ~80 tokens/s for the ~40-token turn); at 50 ms the per-token events alone
+overload two cores.
+
   python benchmarks/shim_overhead.py --json [--concurrency 1 16 128 --rounds 30]
+  python benchmarks/shim_overhead.py --json --incremental-stream --engine-latency-s 0.5 --rounds 20
 """
 
 from __future__ import annotations
@@ -52,23 +59,41 @@ def serve_engine(port: int, latency_s: float) -> None:
   from clawjax.serving.backends.scripted import ScriptTurn, scripted_logprob, turn_ids
   from clawjax.text.templates import load_template
   template = load_template("qwen3")
-  replies: dict[int, bytes] = {}
+  replies: dict[int, tuple[bytes, list[bytes]]] = {}
 
-  def reply(n: int) -> bytes:
-    """A Claude Code-like tool call whose argument depends on the context length, so turns differ.
-    Kept per length: the stand-in's own CPU competes with the shim for the same cores."""
+  def reply(n: int) -> tuple[bytes, list[bytes]]:
+    """A Claude Code-like tool call whose argument depends on the context length, so turns differ:
+    the whole answer, and its stream events (one per token, as SGLang with
+    --incremental-streaming-output and the default stream interval sends them). Kept per length: the
+    stand-in's own CPU competes with the shim for the same cores."""
     if n not in replies:
       ids = turn_ids(template, ScriptTurn(text="Let me look at the next file.", tool_calls=(
           ("Bash", {"command": f"sed -n 1,200p src/module_{n}.py", "description": "Read module"}),)))
-      replies[n] = orjson.dumps({"output_ids": ids, "meta_info": {
-          "output_token_logprobs": [[scripted_logprob(n + i, t), t, None] for i, t in enumerate(ids)],
-          "finish_reason": {"type": "stop"}, "prompt_tokens": n, "completion_tokens": len(ids)}})
+      triples = [[scripted_logprob(n + i, t), t, None] for i, t in enumerate(ids)]
+      meta = lambda k, done: {"output_token_logprobs": triples[k - 1:k] if k else triples,
+                              "finish_reason": {"type": "stop"} if done else None,
+                              "prompt_tokens": n, "completion_tokens": k or len(ids)}
+      whole = orjson.dumps({"output_ids": ids, "meta_info": meta(0, True)})
+      events = [b"data: " + orjson.dumps({"output_ids": [t], "meta_info": meta(k, k == len(ids))})
+                + b"\n\n" for k, t in enumerate(ids, 1)]
+      replies[n] = whole, events + [b"data: [DONE]\n\n"]
     return replies[n]
 
-  async def generate(request: web.Request) -> web.Response:
+  async def generate(request: web.Request) -> web.StreamResponse:
     body = orjson.loads(await request.read())  # Parsed like a real engine: this cost is in both paths.
-    await asyncio.sleep(latency_s)
-    return web.Response(body=reply(len(body["input_ids"])), content_type="application/json")
+    whole, events = reply(len(body["input_ids"]))
+    if not body.get("stream"):
+      await asyncio.sleep(latency_s)
+      return web.Response(body=whole, content_type="application/json")
+    # Half the time to the first token (prefill), the rest spread evenly over the tokens.
+    start = time.monotonic()
+    await asyncio.sleep(latency_s / 2)
+    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await stream.prepare(request)
+    for k, event in enumerate(events, 1):
+      await asyncio.sleep(start + latency_s * (1 + k / len(events)) / 2 - time.monotonic())
+      await stream.write(event)
+    return stream
 
   serve_app(port, [("POST", "/generate", generate)])
 
@@ -92,7 +117,9 @@ def serve_hop(port: int, engine_url: str) -> None:
     await request.read()
     async with state["session"].post(engine_url + "/generate", data=state["payload"],
                                      headers={"Content-Type": "application/json"}) as resp:
-      orjson.loads(await resp.read())
+      answer = await resp.read()
+      if not answer.startswith(b"data:"):  # (A streamed answer is read whole, unparsed.)
+        orjson.loads(answer)
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await stream.prepare(request)
     await stream.write(events)
@@ -207,13 +234,14 @@ async def post_timed(session, url: str, data: bytes, headers: dict[str, str]) ->
 _JSON = {"content-type": "application/json"}
 
 
-def direct_request(input_ids: list[int]) -> bytes:
+def direct_request(input_ids: list[int], stream: bool) -> bytes:
   """The /generate request the shim sends for `input_ids` (same fields, same sampling settings)."""
   return orjson.dumps({"input_ids": input_ids, "return_logprob": True,
                        "sampling_params": {"max_new_tokens": 8192, "temperature": 1.0,
                                            "top_p": 1.0, "top_k": -1,
                                            "stop_token_ids": [151645, 151643],
-                                           "skip_special_tokens": False, "no_stop_trim": True}})
+                                           "skip_special_tokens": False, "no_stop_trim": True},
+                       **({"stream": True} if stream else {})})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +249,7 @@ class Servers:
   shim: str
   engine: str
   hop: str
+  incremental_stream: bool  # The shim streams tokens from the engine; direct calls stream too.
 
 
 async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: asyncio.Barrier,
@@ -242,7 +271,7 @@ async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: 
   out["body_bytes"] = len(orjson.dumps(body))
   await call_shim(session, rollout, body, reassemble=False)
   out["input_ids"] = _last_input_ids(rollout["log_path"])
-  direct = direct_request(out["input_ids"])
+  direct = direct_request(out["input_ids"], urls.incremental_stream)
   await post_timed(session, urls.engine + "/generate", direct, _JSON)
   await post_timed(session, urls.hop + "/configure", direct, _JSON)
   if await barrier.wait() == 0:  # The measured calls of all rollouts start together.
@@ -333,6 +362,10 @@ def main() -> None:
   p.add_argument("--tool-time-s", type=float, default=0.05,
                  help="each rollout waits uniform(0, this) between rounds, as a harness runs its tool; "
                       "0 keeps all rollouts in lockstep (every call arrives in one burst)")
+  p.add_argument("--incremental-stream", action="store_true",
+                 help="run the shim with --incremental-stream: the engine streams each token as an "
+                      "event (SGLang's incremental mode), the shim streams text on; direct calls then "
+                      "stream too")
   p.add_argument("--serve-engine", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--serve-hop", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--engine-url", default=None, help=argparse.SUPPRESS)
@@ -344,7 +377,8 @@ def main() -> None:
     serve_hop(args.serve_hop, args.engine_url)
     return
   engine_port, shim_port, hop_port = free_port(), free_port(), free_port()
-  urls = Servers(*(f"http://127.0.0.1:{port}" for port in (shim_port, engine_port, hop_port)))
+  urls = Servers(*(f"http://127.0.0.1:{port}" for port in (shim_port, engine_port, hop_port)),
+                 incremental_stream=args.incremental_stream)
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   with tempfile.TemporaryDirectory() as log_dir:
     procs = {
@@ -353,7 +387,9 @@ def main() -> None:
         "shim": subprocess.Popen([sys.executable, "-m", "clawjax.serving", "--backend", "sglang",
                                   "--backend-url", urls.engine, "--model", "qwen3",
                                   "--port", str(shim_port), "--log-dir", log_dir,
-                                  "--max-context", "65536"], env=env, stderr=subprocess.DEVNULL),
+                                  "--max-context", "65536",
+                                  "--incremental-stream" if args.incremental_stream else
+                                  "--no-incremental-stream"], env=env, stderr=subprocess.DEVNULL),
         "hop": subprocess.Popen([sys.executable, __file__, "--serve-hop", str(hop_port),
                                  "--engine-url", urls.engine], env=env)}
     try:
@@ -368,6 +404,7 @@ def main() -> None:
         proc.terminate()
         proc.wait()
   report = {"benchmark": "shim_overhead", "engine_latency_s": args.engine_latency_s,
+            "incremental_stream": args.incremental_stream,
             "tool_time_s": args.tool_time_s,
             "load_average": os.getloadavg(),
             "rounds": args.rounds, "prior_calls": args.prior_calls, "cpus": os.cpu_count(),

@@ -12,14 +12,16 @@ server on a GPU is a drop-in replacement):
   POST /flush_cache -> 200
   GET  /get_model_info -> {model_path, tokenizer_path, is_generation, weight_version}
 As in SGLang, generation stops at the model's EOS token unless `ignore_eos` is true. `text` is decoded
-only when the server has a tokenizer; otherwise it is "". Streaming and text prompts are not supported
-(400): the shim always sends token ids.
+only when the server has a tokenizer; otherwise it is "". `stream: true` (one prompt) answers in
+SGLang's event-stream format, but with one event holding the whole generation: the engine hands back
+finished sequences only. Text prompts are not supported (400): the shim always sends token ids.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -109,20 +111,26 @@ class EngineServer:
       raise BadRequest("request body must be a JSON object")
     return body
 
-  async def generate(self, request: web.Request) -> web.Response:
+  async def generate(self, request: web.Request) -> web.StreamResponse:
     body = await self._json(request)
-    if body.get("stream"):
-      raise BadRequest("stream: streaming is not supported by the embedded engine")
     if "input_ids" not in body:
       raise BadRequest("input_ids: required (text prompts are not supported)")
     ids = body["input_ids"]
     batched = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+    stream = _field(body, "stream", (bool,), False, "request")
+    if stream and batched:
+      raise BadRequest("stream: only one prompt per streamed request")
     prompts = [_token_list(p, f"input_ids.{i}") for i, p in enumerate(ids)] if batched else [
         _token_list(ids, "input_ids")]
     sampling = parse_sampling(body, self.eos_token_id)
     results = await asyncio.gather(*(self.engine.generate(p, sampling) for p in prompts))
     outs = [self._response(r, sampling, bool(body.get("return_logprob"))) for r in results]
-    return web.json_response(outs if batched else outs[0])
+    if not stream:
+      return web.json_response(outs if batched else outs[0])
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b"data: " + json.dumps(outs[0]).encode() + b"\n\ndata: [DONE]\n\n")
+    return response
 
   def _response(self, r: Result, sampling: SamplingParams, logprobs: bool) -> dict[str, Any]:
     meta: dict[str, Any] = {

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from clawjax.serving import validate as v
-from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, MessageMemo, dumps, sse
+from clawjax.serving.chat import (ChatRequest, ChatResult, Dialect, MessageMemo, TurnEvents, dumps,
+                                  sse)
 from clawjax.serving.errors import ApiError, invalid
 from clawjax.text.messages import Message, ToolCall, ToolSpec
 
@@ -148,6 +149,50 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 
 
+class _AnthropicEvents(TurnEvents):
+  """Content blocks in order: thinking, text, then one per tool call (as the API sends them)."""
+
+  def __init__(self, message_id: str, model: str):
+    super().__init__(message_id, model)
+    self.index, self.open_kind = -1, None
+
+  def _start(self, block: dict[str, Any]) -> bytes:
+    self.index += 1
+    return sse({"type": "content_block_start", "index": self.index, "content_block": block},
+               "content_block_start")
+
+  def _block_delta(self, delta: dict[str, Any]) -> bytes:
+    return sse({"type": "content_block_delta", "index": self.index, "delta": delta},
+               "content_block_delta")
+
+  def _stop(self) -> bytes:
+    self.open_kind = None
+    return sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+
+  def _piece(self, kind: str, text: str) -> bytes:
+    out = b""
+    if self.open_kind != kind:
+      if self.open_kind is not None:
+        out += self._stop()
+      self.open_kind = kind
+      out += self._start({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
+                         else {"type": "text", "text": ""})
+    return out + self._block_delta({"type": "thinking_delta", "thinking": text} if kind == "thinking"
+                                   else {"type": "text_delta", "text": text})
+
+  def _end(self, result: ChatResult, include_usage: bool) -> bytes:
+    out = [self._stop()] if self.open_kind is not None else []
+    for block in _blocks(result):
+      if block["type"] == "tool_use":
+        out += [self._start(dict(block, input={})),
+                self._block_delta({"type": "input_json_delta", "partial_json": dumps(block["input"])}),
+                self._stop()]
+    out.append(sse({"type": "message_delta",
+                    "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
+                    "usage": {"output_tokens": result.output_tokens}}, "message_delta"))
+    return b"".join(out)
+
+
 class AnthropicDialect(Dialect):
   name = "anthropic"
   tool_id_prefix = "toolu_"
@@ -166,28 +211,8 @@ class AnthropicDialect(Dialect):
                "usage": _usage(input_tokens, 1)}
     return sse({"type": "message_start", "message": message}, "message_start")
 
-  def stream_body(self, message_id: str, model: str, result: ChatResult,
-                  include_usage: bool) -> bytes:
-    out = []
-    for index, block in enumerate(_blocks(result)):
-      kind = block["type"]
-      if kind == "text":
-        start, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
-      elif kind == "thinking":
-        start, delta = dict(block, thinking=""), {"type": "thinking_delta",
-                                                  "thinking": block["thinking"]}
-      else:
-        start = dict(block, input={})
-        delta = {"type": "input_json_delta", "partial_json": dumps(block["input"])}
-      out.append(sse({"type": "content_block_start", "index": index, "content_block": start},
-                     "content_block_start"))
-      out.append(sse({"type": "content_block_delta", "index": index, "delta": delta},
-                     "content_block_delta"))
-      out.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
-    out.append(sse({"type": "message_delta",
-                    "delta": {"stop_reason": _stop_reason(result), "stop_sequence": None},
-                    "usage": {"output_tokens": result.output_tokens}}, "message_delta"))
-    return b"".join(out)
+  def turn_events(self, message_id: str, model: str) -> TurnEvents:
+    return _AnthropicEvents(message_id, model)
 
   def stream_final(self) -> bytes:
     return sse({"type": "message_stop"}, "message_stop")

@@ -12,6 +12,7 @@ import orjson
 
 from clawjax.serving.errors import ApiError
 from clawjax.text.messages import Message, ParsedTurn, ToolSpec, random_hex
+from clawjax.text.turn_stream import Delta
 
 
 @dataclasses.dataclass
@@ -84,6 +85,39 @@ def sse(data: Any, event: str | None = None) -> bytes:
   return f"{head}data: {payload}\n\n".encode()
 
 
+class TurnEvents(abc.ABC):
+  """The stream events of one turn, built as it is generated: `deltas` while the engine samples (thinking
+  and text as the turn parser settles them), then `rest` for the remainder once the turn is parsed.
+  Streamed text is always a prefix of the parsed turn's (one parser makes both), so the remainder is
+  what follows it. Without deltas, `rest` is the whole turn."""
+
+  def __init__(self, message_id: str, model: str):
+    self.message_id, self.model = message_id, model
+    self.sent = {"thinking": 0, "text": 0}  # Characters streamed so far, by kind.
+
+  def deltas(self, deltas: list[Delta]) -> bytes:
+    return b"".join(self._delta(d.kind, d.text) for d in deltas)
+
+  def rest(self, result: ChatResult, include_usage: bool) -> bytes:
+    """Every remaining event of the turn except the final one."""
+    out = [self._delta(kind, full[self.sent[kind]:])
+           for kind, full in (("thinking", result.turn.thinking or ""), ("text", result.turn.text))
+           if len(full) > self.sent[kind]]
+    return b"".join(out) + self._end(result, include_usage)
+
+  def _delta(self, kind: str, text: str) -> bytes:
+    self.sent[kind] += len(text)
+    return self._piece(kind, text)
+
+  @abc.abstractmethod
+  def _piece(self, kind: str, text: str) -> bytes:
+    """The events of one piece of thinking or text."""
+
+  @abc.abstractmethod
+  def _end(self, result: ChatResult, include_usage: bool) -> bytes:
+    """Tool calls, stop reason and usage, after all text."""
+
+
 class Dialect(abc.ABC):
   """One API's wire format. Stateless; the server owns the call flow."""
   name: str
@@ -102,9 +136,8 @@ class Dialect(abc.ABC):
     """Events sent before generation finishes (may be empty)."""
 
   @abc.abstractmethod
-  def stream_body(self, message_id: str, model: str, result: ChatResult,
-                  include_usage: bool) -> bytes:
-    """Every event of the turn except the final one."""
+  def turn_events(self, message_id: str, model: str) -> TurnEvents:
+    """The events of a streamed turn, between `stream_head` and `stream_final`."""
 
   @abc.abstractmethod
   def stream_final(self) -> bytes:

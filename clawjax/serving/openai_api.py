@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from clawjax.serving import validate as v
-from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, MessageMemo, dumps, sse
+from clawjax.serving.chat import (ChatRequest, ChatResult, Dialect, MessageMemo, TurnEvents, dumps,
+                                  sse)
 from clawjax.serving.errors import ApiError, invalid
 from clawjax.text.messages import Message, ToolCall, ToolSpec
 
@@ -89,6 +90,39 @@ def _usage(result: ChatResult) -> dict[str, int]:
           "total_tokens": result.input_tokens + result.output_tokens}
 
 
+class _OpenAIEvents(TurnEvents):
+  """Chunks: the role, reasoning and content deltas, tool calls, the finish reason, then usage."""
+
+  def __init__(self, message_id: str, model: str):
+    super().__init__(message_id, model)
+    self.started = False
+
+  def _chunk(self, delta: dict[str, Any] | None, finish_reason: str | None = None,
+             usage: dict[str, int] | None = None) -> bytes:
+    head = b""
+    if not self.started and delta is not None:  # The first chunk names the role.
+      self.started = True
+      head = self._chunk({"role": "assistant", "content": ""})
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                         "finish_reason": finish_reason}]
+    chunk = {"id": self.message_id, "object": "chat.completion.chunk", "created": int(time.time()),
+             "model": self.model, "choices": choices}
+    if usage is not None:
+      chunk["usage"] = usage
+    return head + sse(chunk)
+
+  def _piece(self, kind: str, text: str) -> bytes:
+    return self._chunk({"reasoning_content": text} if kind == "thinking" else {"content": text})
+
+  def _end(self, result: ChatResult, include_usage: bool) -> bytes:
+    out = [self._chunk({"tool_calls": [dict(call, index=i)]})
+           for i, call in enumerate(_tool_calls(result))]
+    out.append(self._chunk({}, _finish_reason(result)))
+    if include_usage:
+      out.append(self._chunk(None, usage=_usage(result)))
+    return b"".join(out)
+
+
 class OpenAIDialect(Dialect):
   name = "openai"
   tool_id_prefix = "call_"
@@ -130,32 +164,11 @@ class OpenAIDialect(Dialect):
                          "finish_reason": _finish_reason(result)}],
             "usage": _usage(result)}
 
-  def _chunk(self, message_id: str, model: str, delta: dict[str, Any] | None,
-             finish_reason: str | None = None, usage: dict[str, int] | None = None) -> bytes:
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                         "finish_reason": finish_reason}]
-    chunk = {"id": message_id, "object": "chat.completion.chunk", "created": int(time.time()),
-             "model": model, "choices": choices}
-    if usage is not None:
-      chunk["usage"] = usage
-    return sse(chunk)
-
   def stream_head(self, message_id: str, model: str, input_tokens: int) -> bytes:
     return b""  # Nothing is known that a client needs early; keep-alives hold the connection.
 
-  def stream_body(self, message_id: str, model: str, result: ChatResult,
-                  include_usage: bool) -> bytes:
-    out = [self._chunk(message_id, model, {"role": "assistant", "content": ""})]
-    if result.turn.thinking:
-      out.append(self._chunk(message_id, model, {"reasoning_content": result.turn.thinking}))
-    if result.turn.text:
-      out.append(self._chunk(message_id, model, {"content": result.turn.text}))
-    for i, call in enumerate(_tool_calls(result)):
-      out.append(self._chunk(message_id, model, {"tool_calls": [dict(call, index=i)]}))
-    out.append(self._chunk(message_id, model, {}, _finish_reason(result)))
-    if include_usage:
-      out.append(self._chunk(message_id, model, None, usage=_usage(result)))
-    return b"".join(out)
+  def turn_events(self, message_id: str, model: str) -> TurnEvents:
+    return _OpenAIEvents(message_id, model)
 
   def stream_final(self) -> bytes:
     return sse("[DONE]")

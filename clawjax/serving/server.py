@@ -9,8 +9,8 @@ Routes (every model route also exists under the per-rollout prefix `/r/{rollout_
 
 A call: authenticate (401, nothing written) -> read the body under a size limit (413) -> validate (400)
 -> build the prompt token-in-token-out (400 "prompt is too long" past --max-context) -> generate on the
-backend, sending keep-alives while it runs -> parse the turn -> append the call record (fsynced) ->
-send the turn. A backend failure is answered in the API's error shape and logged as an `error` record.
+backend, sending keep-alives (or, with `incremental_stream`, the text so far) while it runs -> parse the
+turn -> append the call record (fsynced) -> send the rest of the turn. A backend failure is answered in the API's error shape and logged as an `error` record.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -32,14 +33,16 @@ from clawjax.serving import errors
 from clawjax.serving.anthropic_api import AnthropicDialect, parse_messages
 from clawjax.serving.backends.base import (Backend, BackendError, EncodedIds, Generation,
                                            SamplingParams)
-from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, dumps, new_id
+from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, TurnEvents, dumps, new_id
 from clawjax.serving.errors import ApiError
 from clawjax.serving.logwriter import EncodedInput
 from clawjax.serving.openai_api import OpenAIDialect
 from clawjax.serving.profiles import HarnessProfile, profile_for
 from clawjax.serving.rollouts import Rollout, RolloutRegistry
+from clawjax.text.messages import ParsedTurn
 from clawjax.text.prompt import PromptBuilder
 from clawjax.text.templates import ChatTemplate
+from clawjax.text.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,11 @@ class ShimConfig:
   finish_timeout_s: float = 30.0  # POST /rollouts/{id}/finish waits this long for calls in flight.
   public_url: str | None = None  # Root for base_url when clients reach the server by another address.
   log_threads: int = 32  # Threads appending + fsyncing call records (I/O-bound: one per busy rollout).
+  # Stream text and thinking as the engine samples them (backends with `generate_streaming`: sglang,
+  # scripted). Off: the turn goes out whole once generated, after keep-alives. Harnesses behave the
+  # same either way; off costs the shim less CPU per call (no per-token chunks to parse and send),
+  # which is what training wants. On: someone is watching a harness live.
+  incremental_stream: bool = False
 
 
 def _api_key(request: web.Request) -> str | None:
@@ -105,6 +113,43 @@ def _without_lone_surrogates(x: Any) -> Any:
 
 def _json_response(body: Any, status: int = 200) -> web.Response:
   return web.Response(body=dumps(body).encode(), status=status, content_type="application/json")
+
+
+class _TurnFeed:
+  """One call's turn as the backend samples it. The ids go through the turn parser as they arrive (the
+  same parser then gives the whole turn); when streaming incrementally, the events of what it settled
+  wait in `pending` for the response loop, which `woken` wakes."""
+
+  def __init__(self, parser: TurnStream, events: TurnEvents | None, incremental: bool):
+    self.parser, self.events = parser, events
+    self.streamed: list[int] = []
+    self.pending: list[bytes] = []
+    self.woken = asyncio.Event() if incremental else None
+
+  def on_tokens(self, ids: Sequence[int]) -> None:
+    """The backend's TokenSink (called on the event loop)."""
+    self.streamed += ids
+    data = self.events.deltas(self.parser.feed(ids))
+    if data:
+      self.pending.append(data)
+      self.woken.set()
+
+  def take(self) -> bytes:
+    """The events not sent yet. (Clearing `woken` here, before the write: more may come during it.)"""
+    data = b"".join(self.pending)
+    self.pending.clear()
+    if self.woken is not None:
+      self.woken.clear()
+    return data
+
+  def check(self, gen: Generation, backend: str) -> None:
+    if list(gen.output_ids[:len(self.streamed)]) != self.streamed:
+      raise BackendError(f"{backend} streamed {len(self.streamed)} ids that are not the start of its "
+                         f"{len(gen.output_ids)} output ids")
+
+  def finish(self, gen: Generation) -> ParsedTurn:
+    self.parser.feed(gen.output_ids[len(self.streamed):])
+    return self.parser.finish()[1]
 
 
 class ShimServer:
@@ -273,10 +318,18 @@ class ShimServer:
     # a remote engine's request both use it.
     input_tuple = tuple(input_ids)  # The record's ids; the log writer caches it, uncopied.
     encoded = rollout.writer.encode_ids(input_tuple, call_index)
+    feed = _TurnFeed(self.template.turn_stream(dialect.tool_id_prefix),
+                     dialect.turn_events(message_id, self.config.model_name) if req.stream else None,
+                     incremental=req.stream and self.config.incremental_stream)
 
     async def generate() -> tuple[Generation, float]:
       t = time.time()
-      gen = await self.backend.generate(EncodedIds(input_ids, encoded.engine_json), params)
+      ids = EncodedIds(input_ids, encoded.engine_json)
+      if feed.woken is None:
+        gen = await self.backend.generate(ids, params)
+      else:
+        gen = await self.backend.generate_streaming(ids, params, feed.on_tokens)
+        feed.check(gen, type(self.backend).__name__)
       return gen, time.time() - t
 
     gen_task = asyncio.ensure_future(generate())
@@ -292,14 +345,15 @@ class ShimServer:
           disconnected = True  # Keep going: the generation is still logged.
 
     if req.stream:
-      # Hold the headers back for one keep-alive interval, so a fast failure still gets its status.
-      done, _ = await asyncio.wait({gen_task}, timeout=self.config.keepalive_s)
-      if not done:
+      # Hold the headers back for one keep-alive interval (or until text streams), so a fast failure
+      # still gets its status.
+      await self._until(gen_task, feed.woken)
+      if not gen_task.done():
         stream = await self._open_stream(request)
         await send(dialect.stream_head(message_id, self.config.model_name, len(input_ids)))
-        while not done:
-          await send(dialect.keepalive())
-          done, _ = await asyncio.wait({gen_task}, timeout=self.config.keepalive_s)
+        while not gen_task.done():
+          await send(feed.take() or dialect.keepalive())
+          await self._until(gen_task, feed.woken)
     record = dict(rollout_id=rollout.rollout_id, task_id=rollout.task_id, harness=rollout.harness,
                   call_index=call_index, input_ids=input_tuple, role=rollout.profile.role(req),
                   model=self.config.model_name, t_start=t_start)
@@ -323,9 +377,9 @@ class ShimServer:
           extra=dict(extra, error=str(e), backend_status=status)))
       if stream is None:
         return self._error(dialect, err)
-      await send(dialect.stream_error(err))
+      await send(feed.take() + dialect.stream_error(err))
       return stream
-    turn = self.template.parse(gen.output_ids, id_prefix=dialect.tool_id_prefix)
+    turn = feed.finish(gen)
     rollout.builder.record_generation(prompt, gen.output_ids, turn)  # Open until end_call.
     if turn.malformed:
       extra["malformed_tool_calls"] = list(turn.malformed)
@@ -344,12 +398,21 @@ class ShimServer:
       if stream is None:  # (One write: aiohttp sends the headers with the first chunk.)
         stream = await self._open_stream(request)
         head = dialect.stream_head(message_id, self.config.model_name, len(input_ids))
-      await send(head + dialect.stream_body(message_id, self.config.model_name, result,
-                                            req.include_usage))
+      await send(head + feed.take() + feed.events.rest(result, req.include_usage))
     finally:
       await self._finish_write(rollout, encoded, call, written)
     await send(dialect.stream_final())
     return stream
+
+  async def _until(self, gen_task: asyncio.Future, woken: asyncio.Event | None) -> None:
+    """Waits for the generation, streamed text (`woken`) or one keep-alive interval, what comes first."""
+    if woken is None:
+      await asyncio.wait({gen_task}, timeout=self.config.keepalive_s)
+      return
+    waiter = asyncio.ensure_future(woken.wait())
+    await asyncio.wait({gen_task, waiter}, timeout=self.config.keepalive_s,
+                       return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
 
   async def _open_stream(self, request: web.Request) -> web.StreamResponse:
     stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",

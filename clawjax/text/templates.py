@@ -24,16 +24,14 @@ import collections
 import dataclasses
 import json
 import pathlib
-import re
 from collections.abc import Sequence
 from typing import Literal
 
-from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments, random_hex
+from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments
 from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_preset, model_type
+from clawjax.text.turn_stream import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, TurnStream
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 
 QWEN3_TOOLS_INTRO = (
@@ -48,9 +46,6 @@ CHATML_TOOLS_OUTRO = (
     "\n</tools>\nTo use a tool, reply with one block per call:\n<tool_call>\n"
     "{\"name\": \"<tool name>\", \"arguments\": {<arguments as JSON>}}\n</tool_call>")
 SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-_CALL_RE = re.compile(re.escape(CALL_OPEN) + r"(.*?)(?:" + re.escape(CALL_CLOSE) + r"|\Z)", re.S)
-
 
 @dataclasses.dataclass(frozen=True)
 class FamilyFormat:
@@ -286,51 +281,15 @@ class ChatTemplate:
   # ---- parsing ----------------------------------------------------------------------------------
 
   def parse(self, output_ids: Sequence[int], *, id_prefix: str = "call_") -> ParsedTurn:
-    """Split one sampled assistant turn into thinking, visible text and tool calls.
+    """Splits one sampled assistant turn into thinking, visible text and tool calls (the grammar in
+    `clawjax.text.turn_stream`; the same parser streams a turn while it is generated)."""
+    stream = self.turn_stream(id_prefix)
+    stream.feed(output_ids)
+    return stream.finish()[1]
 
-    A trailing stop token is ignored; an empty think block counts as no thinking (None). Each
-    `<tool_call>` body must be a JSON object with a string `name` and an object `arguments` (or a
-    string holding one); anything else, or a block cut off before `</tool_call>`, stays in the text
-    verbatim and is listed in `malformed`. Tool calls get fresh ids `id_prefix` + 24 hex digits (the
-    model writes none).
-    """
-    ids = list(output_ids)
-    while ids and ids[-1] in self.stop_token_ids:
-      ids.pop()
-    thinking, rest = _split_thinking(self.tokenizer.decode(ids))
-    if thinking is None and rest.startswith(THINK_OPEN):  # cut off inside its thinking
-      thinking, rest = rest[len(THINK_OPEN):].strip("\n"), ""
-    text_parts, calls, malformed = [], [], []
-    pos = 0
-    for match in _CALL_RE.finditer(rest):
-      text_parts.append(rest[pos:match.start()])
-      pos = match.end()
-      call = self._parse_call(match, id_prefix) if match.group(0).endswith(CALL_CLOSE) else None
-      if call is None:
-        malformed.append(match.group(0))
-        text_parts.append(match.group(0))
-      else:
-        calls.append(call)
-    text_parts.append(rest[pos:])
-    return ParsedTurn("".join(text_parts).strip(), thinking or None, tuple(calls), tuple(malformed))
-
-  @staticmethod
-  def _parse_call(match: re.Match, id_prefix: str) -> ToolCall | None:
-    try:
-      body = json.loads(match.group(1))
-    except ValueError:
-      return None
-    if not isinstance(body, dict) or not isinstance(body.get("name"), str) or not body["name"]:
-      return None
-    args = body.get("arguments", {})
-    if isinstance(args, str):
-      try:
-        args = json.loads(args)
-      except ValueError:
-        return None
-    if not isinstance(args, dict):
-      return None
-    return ToolCall(id_prefix + random_hex(12), body["name"], args)
+  def turn_stream(self, id_prefix: str = "call_") -> TurnStream:
+    """A parser fed one turn's ids as they are sampled."""
+    return TurnStream(self.tokenizer.decode, self.stop_token_ids, id_prefix)
 
 
 def family_of(model_dir_or_name: str) -> str:

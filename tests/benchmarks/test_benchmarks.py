@@ -29,13 +29,16 @@ def test_learner_benchmark_tree_and_paths_agree(share):
 
 
 @pytest.mark.slow
-def test_shim_benchmark_reports_every_level():
+@pytest.mark.parametrize("mode", [[], ["--incremental-stream"]], ids=["whole", "incremental"])
+def test_shim_benchmark_reports_every_level(mode):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shim_overhead.py"), "--json",
                          "--concurrency", "1", "2", "--rounds", "3", "--prior-calls", "3",
-                         "--engine-latency-s", "0.01"], capture_output=True, text=True, timeout=300, env=env)
+                         "--engine-latency-s", "0.01", *mode], capture_output=True, text=True,
+                        timeout=300, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   report = json.loads(proc.stdout)
+  assert report["incremental_stream"] == bool(mode)
   assert [r["concurrency"] for r in report["results"]] == [1, 2]
   for r in report["results"]:
     assert r["samples"] == 3 * r["concurrency"] and r["context_tokens"] > 1000

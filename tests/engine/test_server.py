@@ -89,6 +89,8 @@ def test_plain_http_round_trip(model, tmp_path):
     assert status == 400 and "sampling_params.temperature" in err["error"]["message"]
     status, err = await call("/generate", {"text": "hello"})
     assert status == 400 and "input_ids" in err["error"]["message"]
+    status, err = await call("/generate", {"input_ids": [ids, ids], "stream": True})
+    assert status == 400 and "one prompt" in err["error"]["message"]
 
   asyncio.run(with_server(model, scenario))
 
@@ -126,6 +128,11 @@ def test_shim_sglang_backend_client_round_trip(model):
                                                    stop_token_ids=(EOS,)))
       assert gen.output_ids == direct.output_ids and gen.policy_version == 0
       np.testing.assert_allclose(gen.output_logprobs, direct.output_logprobs, atol=1e-6)
+      # Streamed (the shim's --incremental-stream): one event with the whole generation.
+      got = []
+      streamed = await backend.generate_streaming(
+          ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
+      assert streamed == gen and got == [list(gen.output_ids)]
       assert await backend.health()
       await backend.flush_cache()  # answered in plain text, as SGLang does
     finally:

@@ -17,9 +17,10 @@ print(json.dumps({"exists": float(f.is_file()),
 """
 
 
-def start_shim(stack: contextlib.ExitStack, template, log_dir, script, failures=None, **config):
+def start_shim(stack: contextlib.ExitStack, template, log_dir, script, failures=None,
+               backend_options=None, **config):
   """A started ShimThread on the scripted backend, stopped when `stack` closes."""
-  backend = ScriptedBackend(template, script, failures=failures)
+  backend = ScriptedBackend(template, script, failures=failures, **(backend_options or {}))
   cfg = ShimConfig(log_dir=str(log_dir), **config)
   return stack.enter_context(ShimThread(cfg, backend, template))
 

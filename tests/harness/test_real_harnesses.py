@@ -1,7 +1,8 @@
 """Real Claude Code and real OpenClaw (from npm) headless through the shim on the scripted backend.
 
 Each harness makes one tool call that writes hello.txt, gets an injected backend 500 on the next model
-call (its own retry then re-sends), and gives a final answer. Checked: the file exists and the task's
+call (its own retry then re-sends), and gives a final answer; once with whole turns, once with
+--incremental-stream, where the failure comes as an error event after part of the turn was streamed. Checked: the file exists and the task's
 checker scores 1, the call log holds every call, the tree has zero drift, and the failed attempt is a
 dropped leaf. Skipped only when npm (or its registry) is unreachable.
 """
@@ -28,9 +29,13 @@ SHELL_CALL = {
 FAILED_CALL = 1  # the backend's second generate call fails with 500
 
 
-@pytest.fixture(scope="module", params=sorted(SHELL_CALL))
+@pytest.fixture(scope="module", params=[(name, incremental) for name in sorted(SHELL_CALL)
+                                        for incremental in (False, True)],
+                ids=lambda p: p[0] + ("-incremental" if p[1] else ""))
 def harness_run(request, template, hello_task, tmp_path_factory):
-  name = request.param
+  # incremental: the shim streams text while the (scripted) model samples it, a token per 3 ms, and
+  # the injected failure comes mid-stream (an SSE error event after 5 tokens), not as an HTTP 500.
+  name, incremental = request.param
   try:
     get_adapter(name).install()
   except install.NpmUnreachable as e:
@@ -39,7 +44,10 @@ def harness_run(request, template, hello_task, tmp_path_factory):
   script = [ScriptTurn(text="I will write the file.", tool_calls=(SHELL_CALL[name],)),
             ScriptTurn(text="Done: hello.txt contains hello.")]
   with contextlib.ExitStack() as stack:
-    shim = start_shim(stack, template, tmp / "logs", script, failures={FAILED_CALL: 500})
+    shim = start_shim(stack, template, tmp / "logs", script, failures={FAILED_CALL: 500},
+                      incremental_stream=incremental,
+                      backend_options=dict(token_latency_s=0.003, failure_after_tokens=5)
+                      if incremental else None)
     config = RolloutConfig(timeout_s=300, settle_interval_s=0.2, work_root=str(tmp / "work"),
                            keep_dirs=True, harness=HarnessOptions(max_turns=6, timeout_s=240))
     with CallLogWriter(tmp / "logs" / "rollouts.jsonl") as writer:

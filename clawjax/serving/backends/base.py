@@ -27,12 +27,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawjax.calllog import MAX_TOKEN_ID, ids_json, is_logprob, is_token_id
 
 FINISH_REASONS = ("stop", "length", "abort")
+
+# Receives each run of newly sampled ids, in order (see Backend.generate_streaming).
+TokenSink = Callable[[Sequence[int]], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +115,15 @@ class Backend(abc.ABC):
   @abc.abstractmethod
   async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
     """Samples a continuation of `input_ids`; raises BackendError on failure."""
+
+  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+                               on_tokens: TokenSink) -> Generation:
+    """`generate`, also calling `on_tokens(new_ids)` as the engine samples them (the shim streams the
+    turn's text while it is generated). What `on_tokens` got, joined, must equal the returned
+    `output_ids`; the shim checks. A backend that cannot stream inherits this: no calls, and the shim
+    sends the whole turn at the end."""
+    del on_tokens
+    return await self.generate(input_ids, params)
 
   async def health(self) -> bool:
     return True

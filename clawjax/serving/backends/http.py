@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -27,6 +29,48 @@ def _parse_answer(body: bytes) -> Any:
     return orjson.loads(body)
   except orjson.JSONDecodeError:
     return json.loads(body)
+
+
+def _status_error(where: str, status: int, body: bytes) -> BackendError:
+  # 429/503/529: the engine is overloaded or not up yet, which the harness retries.
+  return BackendError(f"{where} -> HTTP {status}: {body[:500]!r}",
+                      status=503 if status in (429, 503, 529) else 500)
+
+
+def _transport_error(where: str, e: Exception) -> BackendError:
+  # A refused, dropped or timed-out connection (also one dropped mid-answer, a payload error) is
+  # retryable; anything else the client library raises is not.
+  retry = isinstance(e, (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError))
+  return BackendError(f"{where}: {type(e).__name__}: {e}", status=503 if retry else 500)
+
+
+async def sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+  """The data of each server-sent event in `content`, in order (its `data:` lines joined by newlines).
+
+  Splits lines itself rather than using `content.readline`: aiohttp refuses a line longer than twice its
+  read buffer (128 KiB by default in older versions, 512 KiB in 3.14), and one cumulative SGLang chunk
+  is ~300 KB at 8K tokens. A line cut off by the end of the stream is dropped; complete data lines not
+  yet closed by a blank line are kept.
+  """
+  buf, scanned, data = bytearray(), 0, []
+  async for block in content.iter_any():
+    buf += block
+    start = 0
+    # Searching only the new bytes keeps a long line arriving in many blocks linear.
+    while (end := buf.find(b"\n", scanned)) >= 0:
+      line = buf[start:end].rstrip(b"\r")
+      start = scanned = end + 1
+      if not line:
+        if data:
+          yield data[0] if len(data) == 1 else b"\n".join(data)
+          data = []
+      elif line.startswith(b"data:"):
+        data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+      # Other fields (event:, id:, retry:) and comments (":...") carry nothing a backend uses.
+    del buf[:start]
+    scanned = len(buf)
+  if data:
+    yield b"\n".join(data)
 
 
 class HttpBackend(Backend):
@@ -60,8 +104,7 @@ class HttpBackend(Backend):
                                         headers=_JSON_HEADERS) as resp:
         body = await resp.read()
         if resp.status >= 400:
-          status = 503 if resp.status in (429, 503, 529) else 500
-          raise BackendError(f"{where} -> HTTP {resp.status}: {body[:500]!r}", status=status)
+          raise _status_error(where, resp.status, body)
         if not body:
           return None
         try:
@@ -69,10 +112,32 @@ class HttpBackend(Backend):
         except ValueError:
           # Some engine endpoints answer success in plain text (SGLang's /flush_cache).
           return body.decode("utf-8", "replace")
-    except (aiohttp.ClientConnectionError, TimeoutError) as e:
-      raise BackendError(f"{where}: {type(e).__name__}: {e}", status=503) from None
-    except (aiohttp.ClientError, ValueError) as e:
-      raise BackendError(f"{where}: {type(e).__name__}: {e}", status=500) from None
+    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+      raise _transport_error(where, e) from None
+
+  async def stream(self, method: str, path: str, *, body: bytes) -> AsyncIterator[Any]:
+    """`request` for an answer that is a server-sent event stream: yields each event's data as parsed
+    JSON, until a `[DONE]` event or the end of the stream (whether the answer was complete is for the
+    caller to tell from the events). Raises BackendError as `request` does; a connection dropped
+    mid-stream is BackendError(503). Iterate under `contextlib.aclosing`, so that leaving early closes
+    the response at once."""
+    where = f"{method} {self.url}{path}"
+    try:
+      async with self.session().request(method, self.url + path, data=body,
+                                        headers=_JSON_HEADERS) as resp:
+        if resp.status >= 400:
+          raise _status_error(where, resp.status, await resp.read())
+        async with contextlib.aclosing(sse_data(resp.content)) as events:
+          async for data in events:
+            if data.strip() == b"[DONE]":
+              return
+            try:
+              event = _parse_answer(data)
+            except ValueError as e:
+              raise BackendError(f"{where}: event not JSON ({e}): {bytes(data[:300])!r}") from None
+            yield event
+    except (aiohttp.ClientError, TimeoutError) as e:
+      raise _transport_error(where, e) from None
 
   async def health(self) -> bool:
     try:

@@ -4,9 +4,11 @@ Each `generate` call plays the next turn of the script: the turn (text, thinking
 the way the model family writes it (`ChatTemplate.assistant_body`), tokenised with the real tokenizer,
 ended with the end-of-turn token, and given deterministic log-probs (a fixed function of position and
 token id, all in [-2, -0.01]), so the whole shim path (template, splicing, parsing, call log) runs
-for real on CPU. `max_new_tokens` truncates a turn (finish_reason "length"). Failures can be injected:
-`failures={k: status}` raises BackendError(status) on the k-th generate call (0-based, counting
-failures), which a harness then retries. After the last turn, the last turn repeats.
+for real on CPU. `max_new_tokens` truncates a turn (finish_reason "length"). Timing: `latency_s` before
+the first token, then `token_latency_s` per token, which `generate_streaming` hands on one by one.
+Failures can be injected: `failures={k: status}` raises BackendError(status) on the k-th generate call
+(0-based, counting failures), after `failure_after_tokens` of its tokens were streamed; a harness then
+retries. After the last turn, the last turn repeats.
 
 Script file (JSON, for `--backend scripted --backend-arg script=FILE`): a list of turns, each
 {"text": str, "thinking": str?, "tool_calls": [{"name": str, "arguments": {...}}]}.
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawjax.serving.backends.base import (Backend, BackendError, Generation, SamplingParams,
-                                           register_backend)
+                                           TokenSink, register_backend)
 from clawjax.text.messages import Message, ToolCall
 from clawjax.text.templates import ChatTemplate, load_template
 
@@ -81,32 +83,51 @@ class ScriptedBackend(Backend):
   def __init__(self, template: ChatTemplate,
                script: Sequence[ScriptTurn] | Callable[[list[int]], ScriptTurn],
                failures: dict[int, int] | None = None, latency_s: float = 0.0,
-               policy_version: int = 0):
+               policy_version: int = 0, token_latency_s: float = 0.0, failure_after_tokens: int = 0):
     if not callable(script) and not script:
       raise ValueError("ScriptedBackend: empty script")
     self.template, self.script = template, script
     self.failures = dict(failures or {})
     self.latency_s, self.policy_version = latency_s, policy_version
+    self.token_latency_s, self.failure_after_tokens = token_latency_s, failure_after_tokens
     self.calls = 0  # generate calls so far, failures included
     self.turns_played = 0
 
   def _next_turn(self, input_ids: list[int]) -> ScriptTurn:
+    """The turn to play; a failed call does not use it up (the retry plays it)."""
     if callable(self.script):
       return self.script(input_ids)
-    turn = self.script[min(self.turns_played, len(self.script) - 1)]
-    self.turns_played += 1
-    return turn
+    return self.script[min(self.turns_played, len(self.script) - 1)]
 
   async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    return await self._play(input_ids, params, None)
+
+  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+                               on_tokens: TokenSink) -> Generation:
+    return await self._play(input_ids, params, on_tokens)
+
+  async def _play(self, input_ids: list[int], params: SamplingParams,
+                  on_tokens: TokenSink | None) -> Generation:
     call, self.calls = self.calls, self.calls + 1
     if self.latency_s:
       await asyncio.sleep(self.latency_s)
+    failure = None
     if call in self.failures:
-      raise BackendError(f"scripted failure injected on call {call}", status=self.failures[call])
+      failure = BackendError(f"scripted failure injected on call {call}", status=self.failures[call])
+      if not self.failure_after_tokens:
+        raise failure  # Before asking the script: a stateful script function sees only played calls.
     ids = turn_ids(self.template, self._next_turn(input_ids))
     finish = "stop"
     if len(ids) > params.max_new_tokens:
       ids, finish = ids[:params.max_new_tokens], "length"
+    for token in ids[:self.failure_after_tokens] if failure else ids:
+      if self.token_latency_s:
+        await asyncio.sleep(self.token_latency_s)
+      if on_tokens is not None:
+        on_tokens([token])
+    if failure:
+      raise failure
+    self.turns_played += 1
     logprobs = [scripted_logprob(len(input_ids) + i, t) for i, t in enumerate(ids)]
     return Generation(tuple(ids), tuple(logprobs), finish, self.policy_version)
 
@@ -128,8 +149,10 @@ def _parse_failures(spec: str | dict[int, int] | None) -> dict[int, int]:
 @register_backend("scripted")
 def make_scripted(model: str, script: str | Sequence[ScriptTurn], url: str | None = None,
                   failures: str | dict[int, int] | None = None, latency_s: float | str = 0.0,
-                  template: ChatTemplate | None = None) -> ScriptedBackend:
+                  template: ChatTemplate | None = None, token_latency_s: float | str = 0.0,
+                  failure_after_tokens: int | str = 0) -> ScriptedBackend:
   del url  # The script is the model: nothing to connect to.
   turns = load_script(script) if isinstance(script, str) else list(script)
   return ScriptedBackend(template or load_template(model), turns, _parse_failures(failures),
-                         float(latency_s))
+                         float(latency_s), token_latency_s=float(token_latency_s),
+                         failure_after_tokens=int(failure_after_tokens))

@@ -2,7 +2,18 @@
 
 POST /generate {input_ids, sampling_params, return_logprob: true} -> {output_ids, meta_info:
 {output_token_logprobs: [[logprob, token_id, null], ...], finish_reason: {type: "stop"|"length"|
-"abort", ...}, ...}}; GET /health; POST /update_weights_from_disk {model_path}; POST /flush_cache.
+"abort", ...}, completion_tokens, weight_version, ...}}; GET /health; POST /update_weights_from_disk
+{model_path}; POST /flush_cache.
+
+Streaming (`generate_streaming`): the same request plus `stream: true` answers `text/event-stream`, one
+event `data: {chunk}` per scheduler step with new tokens and `data: [DONE]` at the end. A chunk has the
+answer's shape, with finish_reason null until the last one and completion_tokens the count sampled so
+far. By default a chunk's output_ids and output_token_logprobs hold every token so far (cumulative), so
+a long turn costs quadratic bytes and parsing; an SGLang server started with
+`--incremental-streaming-output` sends only the new tokens, which is much cheaper at 8K-token turns. The
+client cannot ask for either, so each chunk tells: it is cumulative when it holds completion_tokens
+tokens (the first chunk reads the same both ways), else it holds the new ones. An error after the stream
+began comes as a chunk {"error": {"message": ...}}.
 
 Log-probs: SGLang returns them after temperature scaling by default, which is the shim's convention
 (do not set SGLANG_RETURN_ORIGINAL_LOGPROB on the engine). top_p/top_k are left at 1/-1 by the shim's
@@ -11,59 +22,119 @@ defaults so the returned log-probs are those of the distribution sampled from.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams,
-                                           ids_json_text, register_backend)
+from clawjax.calllog import is_token_id
+from clawjax.serving.backends.base import (FINISH_REASONS, BackendError, Generation, SamplingParams,
+                                           TokenSink, ids_json_text, register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+def _request_body(input_ids: list[int], params: SamplingParams, **options: Any) -> bytes:
+  sampling = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+              "top_p": params.top_p, "top_k": params.top_k,
+              "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False,
+              "no_stop_trim": True}
+  if params.seed is not None:
+    sampling["sampling_seed"] = params.seed
+  return json_with_ids("input_ids", ids_json_text(input_ids),
+                       {"sampling_params": sampling, "return_logprob": True, **options})
 
 
-def parse_generate_response(body: Any) -> tuple[list[int], list[float], str, int | None]:
-  """(output ids, log-probs, finish reason, weight version) of a /generate answer."""
-  if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
-    raise BackendError(f"sglang /generate: unexpected answer {str(body)[:300]}")
-  meta = body["meta_info"]
+def _meta_info(answer: Any) -> dict[str, Any]:
+  """The meta_info of a /generate answer or stream chunk; an error object is a BackendError naming it."""
+  if isinstance(answer, dict) and isinstance(answer.get("meta_info"), dict):
+    return answer["meta_info"]
+  error = answer.get("error") if isinstance(answer, dict) else None
+  if error is not None:
+    message = error.get("message", error) if isinstance(error, dict) else error
+    raise BackendError(f"sglang /generate: engine error: {message}")
+  raise BackendError(f"sglang /generate: unexpected answer {str(answer)[:300]}")
+
+
+def _tokens(answer: dict[str, Any], meta: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+  """The ids and log-probs in an answer's output_token_logprobs, checked against its output_ids.
+
+  Values stay as sent when they are not numbers (orjson, which SGLang answers with, writes NaN as null),
+  so that Generation's checks name them."""
   pairs = meta.get("output_token_logprobs")
-  if not isinstance(pairs, list):
-    raise BackendError("sglang /generate: meta_info.output_token_logprobs missing (return_logprob?)")
-  ids = [int(p[1]) for p in pairs]
-  logprobs = [float(p[0]) for p in pairs]
-  if "output_ids" in body and list(body["output_ids"]) != ids:
+  if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) >= 2 for p in pairs):
+    raise BackendError("sglang /generate: meta_info.output_token_logprobs missing or malformed "
+                       "(return_logprob?)")
+  ids = [p[1] for p in pairs]
+  logprobs = [float(p[0]) if isinstance(p[0], (int, float)) else p[0] for p in pairs]
+  if "output_ids" in answer and list(answer["output_ids"]) != ids:
     raise BackendError("sglang /generate: output_ids disagree with output_token_logprobs ids")
-  finish = meta.get("finish_reason")
-  kind = finish.get("type") if isinstance(finish, dict) else finish
-  if kind not in _FINISH:
-    raise BackendError(f"sglang /generate: unknown finish_reason {finish!r}")
+  return ids, logprobs
+
+
+def _weight_version(meta: dict[str, Any]) -> int | None:
   version = meta.get("weight_version", meta.get("policy_version"))
   try:
-    version = None if version is None else int(version)
+    return None if version is None else int(version)
   except (TypeError, ValueError):
-    version = None  # SGLang's weight_version is a free-form string; only integers are versions here.
-  return ids, logprobs, _FINISH[kind], version
+    return None  # SGLang's weight_version is a free-form string; only integers are versions here.
+
+
+def _generation(ids: list[Any], logprobs: list[Any], finish: Any, version: int | None) -> Generation:
+  """The Generation of a finished answer; an abort is a retryable BackendError, a bad answer another."""
+  kind = finish.get("type") if isinstance(finish, dict) else finish
+  if kind not in FINISH_REASONS:
+    raise BackendError(f"sglang /generate: unknown finish_reason {finish!r}")
+  if kind == "abort":
+    raise BackendError(f"sglang aborted the request: {finish}", status=503)
+  try:
+    return Generation(tuple(ids), tuple(logprobs), kind, version)
+  except ValueError as e:
+    raise BackendError(f"sglang /generate: {e}") from None
 
 
 class SGLangBackend(HttpBackend):
 
   async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-    sampling = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
-                "top_p": params.top_p, "top_k": params.top_k,
-                "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False,
-                "no_stop_trim": True}
-    if params.seed is not None:
-      sampling["sampling_seed"] = params.seed
-    body = await self.request("POST", "/generate", body=json_with_ids(
-        "input_ids", ids_json_text(input_ids),
-        {"sampling_params": sampling, "return_logprob": True}))
-    ids, logprobs, finish, version = parse_generate_response(body)
-    if finish == "abort":
-      raise BackendError(f"sglang aborted the request: {body['meta_info'].get('finish_reason')}",
+    answer = await self.request("POST", "/generate", body=_request_body(input_ids, params))
+    meta = _meta_info(answer)
+    ids, logprobs = _tokens(answer, meta)
+    return _generation(ids, logprobs, meta.get("finish_reason"), _weight_version(meta))
+
+  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+                               on_tokens: TokenSink) -> Generation:
+    ids: list[Any] = []
+    logprobs: list[Any] = []
+    meta: dict[str, Any] | None = None
+    body = _request_body(input_ids, params, stream=True)
+    async with contextlib.aclosing(self.stream("POST", "/generate", body=body)) as chunks:
+      async for chunk in chunks:
+        if meta is not None and meta.get("finish_reason") is not None:
+          raise BackendError("sglang /generate: stream went on after its finishing chunk")
+        meta = _meta_info(chunk)
+        new_ids, new_logprobs = _tokens(chunk, meta)
+        total = meta.get("completion_tokens")
+        if not isinstance(total, int):
+          # Without the count a cumulative chunk cannot be told from new tokens.
+          raise BackendError(f"sglang /generate: stream chunk without completion_tokens: {total!r}")
+        if len(new_ids) == total:  # Cumulative: what came before must be its prefix.
+          if new_ids[:len(ids)] != ids:
+            diverge = next((i for i, (a, b) in enumerate(zip(ids, new_ids)) if a != b),
+                           min(len(ids), len(new_ids)))
+            raise BackendError(
+                f"sglang /generate: cumulative stream chunk of {len(new_ids)} tokens disagrees with "
+                f"the {len(ids)} already received at output_ids[{diverge}]")
+          new_ids, new_logprobs = new_ids[len(ids):], new_logprobs[len(ids):]
+        # Checked before `on_tokens` sees them; log-probs wait for Generation's check at the end.
+        bad = next((i for i, t in enumerate(new_ids) if not is_token_id(t)), None)
+        if bad is not None:
+          raise BackendError(f"sglang /generate: output_ids[{len(ids) + bad}] is {new_ids[bad]!r}, "
+                             "not a token id")
+        ids += new_ids
+        logprobs += new_logprobs
+        if new_ids:
+          on_tokens(new_ids)
+    if meta is None or meta.get("finish_reason") is None:
+      raise BackendError(f"sglang /generate: stream ended after {len(ids)} tokens without finishing",
                          status=503)
-    try:
-      return Generation(tuple(ids), tuple(logprobs), finish, version)
-    except ValueError as e:
-      raise BackendError(f"sglang /generate: {e}") from None
+    return _generation(ids, logprobs, meta["finish_reason"], _weight_version(meta))
 
   async def update_weights_from_disk(self, model_path: str) -> int | None:
     body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path})
