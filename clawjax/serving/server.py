@@ -67,9 +67,9 @@ class ShimConfig:
   public_url: str | None = None  # Root for base_url when clients reach the server by another address.
   log_threads: int = 32  # Threads appending + fsyncing call records (I/O-bound: one per busy rollout).
   # Stream text and thinking as the engine samples them (backends with `generate_streaming`: sglang,
-  # scripted). Off: the turn goes out whole once generated, after keep-alives. Harnesses behave the
-  # same either way; off costs the shim less CPU per call (no per-token chunks to parse and send),
-  # which is what training wants. On: someone is watching a harness live.
+  # vllm, scripted). Off: each turn goes out whole once generated, after keep-alives. Harnesses act
+  # the same either way; off saves the shim ~80 us of CPU per token (engine events to parse, client
+  # events to send), which is what training wants. On: someone watches a harness live.
   incremental_stream: bool = False
 
 

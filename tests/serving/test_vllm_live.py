@@ -21,18 +21,39 @@ from tests.serving.helpers import log_calls
 URL, MODEL_DIR = os.environ.get("CLAWJAX_VLLM_URL"), os.environ.get("CLAWJAX_VLLM_MODEL_DIR")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not (URL and MODEL_DIR),
-                    reason="needs a running vLLM server: set CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR")
-def test_vllm_round_trip(make_shim):
-  template = load_template(MODEL_DIR)
+live = pytest.mark.skipif(not (URL and MODEL_DIR), reason="needs a running vLLM server: set "
+                          "CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR")
+
+
+def _rollout(make_shim, **config):
+  """(template, rollout, OpenAI client) of a shim on the live vLLM server."""
   shim = make_shim(None, backend=create_backend("vllm", url=URL, model=MODEL_DIR),
-                   max_new_tokens=32, max_context=2048)
+                   max_new_tokens=32, max_context=2048, **config)
   r = shim.create_rollout("t", "openclaw")
-  c = openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0)
+  return load_template(MODEL_DIR), r, openai.OpenAI(base_url=r["openai_base_url"],
+                                                    api_key=r["api_key"], max_retries=0)
+
+
+@pytest.mark.slow
+@live
+def test_vllm_round_trip(make_shim):
+  template, r, c = _rollout(make_shim)
   reply = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 2+2?"}])
   (call,) = log_calls(r["log_path"])
   assert call.status == "ok" and 0 < len(call.output_ids) <= 32
   assert all(lp <= 0 for lp in call.output_logprobs)
   assert reply.choices[0].message.content == template.parse(call.output_ids).text
   assert list(call.input_ids) == template.render([Message("user", "What is 2+2?")])
+
+
+@pytest.mark.slow
+@live
+def test_vllm_streamed_round_trip(make_shim):
+  """--incremental-stream: vLLM's own stream chunks (token_ids, log-probs, usage) make the same call."""
+  template, r, c = _rollout(make_shim, incremental_stream=True)
+  chunks = list(c.chat.completions.create(
+      model="m", messages=[{"role": "user", "content": "Count from one to ten."}], stream=True))
+  (call,) = log_calls(r["log_path"])
+  assert call.status == "ok" and 0 < len(call.output_ids) <= 32
+  content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+  assert content == template.parse(call.output_ids).text

@@ -71,6 +71,31 @@ def _check_each(values: tuple, field: str, ok: Callable[[Any], bool], problem: s
     raise ValueError(f"Generation: {field}[{i}] is {v!r}, {problem}")
 
 
+class StreamedTokens:
+  """What a streaming backend received so far. `add` checks the new ids before `on_tokens` sees them
+  (log-probs wait for Generation's check at the end); `where` names the endpoint in errors."""
+
+  def __init__(self, where: str, on_tokens: TokenSink):
+    self.where, self.on_tokens = where, on_tokens
+    self.ids: list[Any] = []
+    self.logprobs: list[Any] = []
+
+  def add(self, ids: list[Any], logprobs: list[Any]) -> None:
+    bad = next((i for i, t in enumerate(ids) if not is_token_id(t)), None)
+    if bad is not None:
+      raise BackendError(f"{self.where}: output_ids[{len(self.ids) + bad}] is {ids[bad]!r}, not a "
+                         f"token id in [0, {MAX_TOKEN_ID}]")
+    self.ids += ids
+    self.logprobs += logprobs
+    if ids:
+      self.on_tokens(ids)
+
+  def unfinished(self) -> BackendError:
+    """The error of a stream that ended before its finishing chunk (retryable: the connection went)."""
+    return BackendError(f"{self.where}: stream ended after {len(self.ids)} tokens without finishing",
+                        status=503)
+
+
 @dataclasses.dataclass(frozen=True)
 class Generation:
   """One sampled continuation.

@@ -25,9 +25,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from clawjax.calllog import is_token_id
 from clawjax.serving.backends.base import (FINISH_REASONS, BackendError, Generation, SamplingParams,
-                                           TokenSink, ids_json_text, register_backend)
+                                           StreamedTokens, TokenSink, ids_json_text, register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 
@@ -100,41 +99,31 @@ class SGLangBackend(HttpBackend):
 
   async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
-    ids: list[Any] = []
-    logprobs: list[Any] = []
-    meta: dict[str, Any] | None = None
+    got, meta = StreamedTokens("sglang /generate", on_tokens), None
     body = _request_body(input_ids, params, stream=True)
     async with contextlib.aclosing(self.stream("POST", "/generate", body=body)) as chunks:
       async for chunk in chunks:
         if meta is not None and meta.get("finish_reason") is not None:
           raise BackendError("sglang /generate: stream went on after its finishing chunk")
         meta = _meta_info(chunk)
-        new_ids, new_logprobs = _tokens(chunk, meta)
+        ids, logprobs = _tokens(chunk, meta)
         total = meta.get("completion_tokens")
         if not isinstance(total, int):
           # Without the count a cumulative chunk cannot be told from new tokens.
           raise BackendError(f"sglang /generate: stream chunk without completion_tokens: {total!r}")
-        if len(new_ids) == total:  # Cumulative: what came before must be its prefix.
-          if new_ids[:len(ids)] != ids:
-            diverge = next((i for i, (a, b) in enumerate(zip(ids, new_ids)) if a != b),
-                           min(len(ids), len(new_ids)))
+        if len(ids) == total:  # Cumulative: what came before must be its prefix.
+          have = got.ids
+          if ids[:len(have)] != have:
+            diverge = next((i for i, (a, b) in enumerate(zip(have, ids)) if a != b),
+                           min(len(have), len(ids)))
             raise BackendError(
-                f"sglang /generate: cumulative stream chunk of {len(new_ids)} tokens disagrees with "
-                f"the {len(ids)} already received at output_ids[{diverge}]")
-          new_ids, new_logprobs = new_ids[len(ids):], new_logprobs[len(ids):]
-        # Checked before `on_tokens` sees them; log-probs wait for Generation's check at the end.
-        bad = next((i for i, t in enumerate(new_ids) if not is_token_id(t)), None)
-        if bad is not None:
-          raise BackendError(f"sglang /generate: output_ids[{len(ids) + bad}] is {new_ids[bad]!r}, "
-                             "not a token id")
-        ids += new_ids
-        logprobs += new_logprobs
-        if new_ids:
-          on_tokens(new_ids)
+                f"sglang /generate: cumulative stream chunk of {len(ids)} tokens disagrees with "
+                f"the {len(have)} already received at output_ids[{diverge}]")
+          ids, logprobs = ids[len(have):], logprobs[len(have):]
+        got.add(ids, logprobs)
     if meta is None or meta.get("finish_reason") is None:
-      raise BackendError(f"sglang /generate: stream ended after {len(ids)} tokens without finishing",
-                         status=503)
-    return _generation(ids, logprobs, meta["finish_reason"], _weight_version(meta))
+      raise got.unfinished()
+    return _generation(got.ids, got.logprobs, meta["finish_reason"], _weight_version(meta))
 
   async def update_weights_from_disk(self, model_path: str) -> int | None:
     body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path})

@@ -2,7 +2,11 @@
 
 POST /v1/completions {model, prompt: [ids], max_tokens, temperature, top_p, top_k, stop_token_ids,
 logprobs: 0, return_token_ids: true, skip_special_tokens: false} -> choices[0].token_ids,
-choices[0].logprobs.token_logprobs, choices[0].finish_reason.
+choices[0].logprobs.token_logprobs, choices[0].finish_reason. With `stream: true`
+(`generate_streaming`) the answer is an event stream of chunks of the same shape holding the new
+tokens only, finish_reason null until the last, a usage chunk (asked for, to check the count), then
+`data: [DONE]`; an error after the stream began
+comes as an event without `choices` ({"object": "error", "message": ...} or {"error": {...}}).
 
 Log-probs: start vLLM with `--logprobs-mode processed_logprobs` so they are taken after temperature
 scaling (the shim's convention; vLLM's default is the raw, temperature-1 distribution), and keep the
@@ -11,10 +15,11 @@ shim's top_p=1/top_k=-1 so no truncation enters them.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams,
-                                           ids_json_text, register_backend)
+from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams, StreamedTokens,
+                                           TokenSink, ids_json_text, register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 
@@ -34,30 +39,72 @@ class VLLMBackend(HttpBackend):
         raise BackendError(f"vllm /v1/models: no model listed in {str(body)[:300]}") from None
     return self.served_model
 
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+  async def _request_body(self, input_ids: list[int], params: SamplingParams, **options: Any) -> bytes:
     payload = {"model": await self._model(), "max_tokens": params.max_new_tokens,
                "temperature": params.temperature,
                "top_p": params.top_p, "top_k": params.top_k,
                "stop_token_ids": list(params.stop_token_ids), "logprobs": 0,
                "return_token_ids": True, "skip_special_tokens": False,
-               "include_stop_str_in_output": True}
+               "include_stop_str_in_output": True, **options}
     if params.seed is not None:
       payload["seed"] = params.seed
-    body = await self.request("POST", "/v1/completions",
-                              body=json_with_ids("prompt", ids_json_text(input_ids), payload))
-    try:
-      choice = body["choices"][0]
-      ids = [int(t) for t in choice["token_ids"]]
-      logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-      finish = choice["finish_reason"]
-    except (KeyError, IndexError, TypeError, ValueError):
-      raise BackendError(f"vllm /v1/completions: unexpected answer {str(body)[:300]}") from None
-    if finish not in ("stop", "length"):
-      raise BackendError(f"vllm /v1/completions: finish_reason {finish!r}", status=503)
-    try:
-      return Generation(tuple(ids), tuple(logprobs), finish, None)
-    except ValueError as e:
-      raise BackendError(f"vllm /v1/completions: {e}") from None
+    return json_with_ids("prompt", ids_json_text(input_ids), payload)
+
+  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    body = await self._request_body(input_ids, params)
+    ids, logprobs, finish = _choice(await self.request("POST", "/v1/completions", body=body))
+    return _generation(ids, logprobs, finish)
+
+  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+                               on_tokens: TokenSink) -> Generation:
+    # The usage chunk's token count catches a chunk lost on the way (nothing else would).
+    body = await self._request_body(input_ids, params, stream=True,
+                                    stream_options={"include_usage": True})
+    got, finish, usage = StreamedTokens("vllm /v1/completions", on_tokens), None, None
+    async with contextlib.aclosing(self.stream("POST", "/v1/completions", body=body)) as chunks:
+      async for chunk in chunks:
+        if isinstance(chunk, dict) and chunk.get("choices") == []:
+          usage = chunk.get("usage")
+          continue
+        if finish is not None:
+          raise BackendError("vllm /v1/completions: stream went on after its finishing chunk")
+        ids, logprobs, finish = _choice(chunk)
+        got.add(ids, logprobs)
+    if finish is None:
+      raise got.unfinished()
+    counted = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if counted is not None and counted != len(got.ids):
+      raise BackendError(f"vllm /v1/completions: usage counts {counted} tokens, the stream held "
+                         f"{len(got.ids)}", status=503)
+    return _generation(got.ids, got.logprobs, finish)
+
+
+def _choice(answer: Any) -> tuple[list[Any], list[Any], str | None]:
+  """(token ids, log-probs, finish reason) of an answer or stream chunk's first choice."""
+  try:
+    choice = answer["choices"][0]
+    ids = list(choice["token_ids"] or [])
+    logprobs = list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+    finish = choice.get("finish_reason")
+  except (KeyError, IndexError, TypeError) as e:
+    error = answer.get("error", answer.get("message")) if isinstance(answer, dict) else None
+    if error is not None:
+      raise BackendError(f"vllm /v1/completions: engine error: {error}") from None
+    raise BackendError(f"vllm /v1/completions: unexpected answer ({type(e).__name__}) "
+                       f"{str(answer)[:300]}") from None
+  if len(ids) != len(logprobs):
+    raise BackendError(f"vllm /v1/completions: {len(ids)} token_ids but {len(logprobs)} "
+                       "token_logprobs (logprobs: 0 asked)")
+  return ids, logprobs, finish
+
+
+def _generation(ids: list[Any], logprobs: list[Any], finish: str | None) -> Generation:
+  if finish not in ("stop", "length"):
+    raise BackendError(f"vllm /v1/completions: finish_reason {finish!r}", status=503)
+  try:
+    return Generation(tuple(ids), tuple(logprobs), finish, None)
+  except ValueError as e:
+    raise BackendError(f"vllm /v1/completions: {e}") from None
 
 
 @register_backend("vllm")
