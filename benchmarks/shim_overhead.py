@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import aiohttp
 import numpy as np
@@ -338,14 +339,15 @@ async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, i
           "shim_cpu_ms_per_call": cpu_ms_per_round["shim"], "cpu_ms_per_round": cpu_ms_per_round}
 
 
-async def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+async def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 120,
+                  health_path: str = "/health") -> None:
   deadline = time.time() + timeout_s
   async with aiohttp.ClientSession() as s:
     while time.time() < deadline:
       if proc.poll() is not None:
         raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
       with contextlib.suppress(aiohttp.ClientError):
-        async with s.get(url + "/health") as resp:
+        async with s.get(url + health_path) as resp:
           if resp.status == 200:
             return
       await asyncio.sleep(0.2)
@@ -409,17 +411,18 @@ def main() -> None:
             "load_average": os.getloadavg(),
             "rounds": args.rounds, "prior_calls": args.prior_calls, "cpus": os.cpu_count(),
             "results": results, "goal": "added p50 <= 2 ms and p99 <= 10 ms at 16 concurrent"}
-  if args.json:
-    print(json.dumps(report, indent=1))
-  else:
-    for r in results:
-      inside = r["in_shim_before_fsync_ms"]
-      print(f"C={r['concurrency']:4d}  direct p50 {r['direct_ms']['p50']:7.2f} ms  "
-            f"shim p50 {r['shim_ms']['p50']:7.2f} ms  added p50 {r['added_ms']['p50']:6.2f} ms  "
-            f"p99 {r['added_ms']['p99']:6.2f} ms  bare hop added p50 {r['hop_added_ms']['p50']:5.2f} "
-            f"p99 {r['hop_added_ms']['p99']:5.2f} ms  in-shim p50 {inside['p50']:6.2f} ms "
-            f"p99 {inside['p99']:6.2f} ms  CPU/round " + " ".join(
-                f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms")
+  print_report(report, args.json, lambda r: (
+      f"C={r['concurrency']:4d}  direct p50 {r['direct_ms']['p50']:7.2f} ms  "
+      f"shim p50 {r['shim_ms']['p50']:7.2f} ms  added p50 {r['added_ms']['p50']:6.2f} ms  "
+      f"p99 {r['added_ms']['p99']:6.2f} ms  bare hop added p50 {r['hop_added_ms']['p50']:5.2f} "
+      f"p99 {r['hop_added_ms']['p99']:5.2f} ms  in-shim p50 {r['in_shim_before_fsync_ms']['p50']:6.2f}"
+      f" ms p99 {r['in_shim_before_fsync_ms']['p99']:6.2f} ms  CPU/round "
+      + " ".join(f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms"))
+
+
+def print_report(report: dict, as_json: bool, line: Callable[[dict], str]) -> None:
+  """The report as one JSON object, or one `line` per result."""
+  print(json.dumps(report, indent=1) if as_json else "\n".join(map(line, report["results"])))
 
 
 if __name__ == "__main__":
