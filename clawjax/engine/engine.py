@@ -3,7 +3,9 @@
 One background thread owns the model and the cache. Each loop iteration applies a pending weight update
 (when allowed), admits queued requests into free slots (prefilling only the part of the input that the
 slot's retained prefix does not cover, see prefix_cache.py), then runs one decode step for every active
-slot at once. Requests come in from any thread (`submit`) or from asyncio (`generate`).
+slot at once. Requests come in from any thread (`submit`) or from asyncio (`generate`); either can
+follow the tokens as they are sampled (`on_token`, called on the engine thread; `generate`'s
+`on_tokens` runs on the caller's event loop, before the result is delivered).
 
 Policy versions: the initial weights are version 0 and every update adds 1. A request runs entirely on
 the version it was admitted under. With update_mode "drain" an update waits until the requests in
@@ -18,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -79,6 +82,7 @@ class _Request:
   cached_tokens: int = 0
   output_ids: list[int] = dataclasses.field(default_factory=list)
   output_logprobs: list[float] = dataclasses.field(default_factory=list)
+  on_token: Callable[[int, float], None] | None = None
 
 
 @dataclasses.dataclass
@@ -116,11 +120,14 @@ class Engine:
 
   # ---- public API (any thread) ----
 
-  def submit(self, input_ids, sampling: SamplingParams) -> concurrent.futures.Future:
-    """Queues a request; the future resolves to a Result or raises EngineError."""
+  def submit(self, input_ids, sampling: SamplingParams,
+             on_token: Callable[[int, float], None] | None = None) -> concurrent.futures.Future:
+    """Queues a request; the future resolves to a Result or raises EngineError. `on_token(id,
+    logprob)` is called on the engine thread for each sampled token, before the future resolves; it
+    must be quick (it holds up every running sequence)."""
     tokens = self._check_request(input_ids, sampling)
     seed = sampling.seed if sampling.seed is not None else int(self._rng.integers(2**63))
-    req = _Request(tokens, sampling, _key_data(seed), concurrent.futures.Future())
+    req = _Request(tokens, sampling, _key_data(seed), concurrent.futures.Future(), on_token=on_token)
     with self._cv:
       if self._closed:
         raise EngineError("engine is shut down", status=503)
@@ -130,8 +137,15 @@ class Engine:
       self._cv.notify()
     return req.future
 
-  async def generate(self, input_ids, sampling: SamplingParams) -> Result:
-    return await asyncio.wrap_future(self.submit(input_ids, sampling))
+  async def generate(self, input_ids, sampling: SamplingParams,
+                     on_tokens: Callable[[Sequence[int]], None] | None = None) -> Result:
+    """`submit` from asyncio; `on_tokens([id])` runs on this event loop for each sampled token, all of
+    them before the result is delivered (both travel through the loop's queue, in order)."""
+    on_token = None
+    if on_tokens is not None:
+      loop = asyncio.get_running_loop()
+      on_token = lambda token, logprob: loop.call_soon_threadsafe(on_tokens, (token,))
+    return await asyncio.wrap_future(self.submit(input_ids, sampling, on_token))
 
   def update_params(self, state) -> int:
     """Replaces the weights with `state` (an nnx.State of the same model); returns the new version.
@@ -287,6 +301,8 @@ class Engine:
     req = self._slots[slot]
     req.output_ids.append(token)
     req.output_logprobs.append(logprob)
+    if req.on_token is not None:
+      req.on_token(token, logprob)
     # Keys/values exist for every token except the one just sampled (it is fed in the next step).
     length = len(req.input_ids) + len(req.output_ids)
     if token in req.sampling.stop_token_ids:

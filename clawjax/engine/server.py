@@ -13,8 +13,8 @@ server on a GPU is a drop-in replacement):
   GET  /get_model_info -> {model_path, tokenizer_path, is_generation, weight_version}
 As in SGLang, generation stops at the model's EOS token unless `ignore_eos` is true. `text` is decoded
 only when the server has a tokenizer; otherwise it is "". `stream: true` (one prompt) answers in
-SGLang's event-stream format, but with one event holding the whole generation: the engine hands back
-finished sequences only. Text prompts are not supported (400): the shim always sends token ids.
+SGLang's event-stream format, one event per token as SGLang does with `--incremental-streaming-output`.
+Text prompts are not supported (400): the shim always sends token ids.
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ def _finish_reason(result: Result, max_new_tokens: int) -> dict[str, Any]:
   return {"type": "abort", "message": "aborted by a weight update"}
 
 
+def _event(obj: Any) -> bytes:
+  return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
 class EngineServer:
   """The aiohttp application; `reload(model_path)` loads new weights into the engine, returning a version."""
 
@@ -123,13 +127,39 @@ class EngineServer:
     prompts = [_token_list(p, f"input_ids.{i}") for i, p in enumerate(ids)] if batched else [
         _token_list(ids, "input_ids")]
     sampling = parse_sampling(body, self.eos_token_id)
+    logprobs = bool(body.get("return_logprob"))
+    if stream:
+      return await self._stream(request, prompts[0], sampling, logprobs)
     results = await asyncio.gather(*(self.engine.generate(p, sampling) for p in prompts))
-    outs = [self._response(r, sampling, bool(body.get("return_logprob"))) for r in results]
-    if not stream:
-      return web.json_response(outs if batched else outs[0])
+    outs = [self._response(r, sampling, logprobs) for r in results]
+    return web.json_response(outs if batched else outs[0])
+
+  async def _stream(self, request: web.Request, prompt: list[int], sampling: SamplingParams,
+                    logprobs: bool) -> web.StreamResponse:
+    """SGLang's event stream as with `--incremental-streaming-output`: one event per sampled token, then
+    one with the finish reason, the weight version and the whole text (token events carry no text)."""
+    loop = asyncio.get_running_loop()
+    sampled: asyncio.Queue = asyncio.Queue()  # (id, logprob) per token, then None: all in order.
+    done = self.engine.submit(prompt, sampling,
+                              lambda t, lp: loop.call_soon_threadsafe(sampled.put_nowait, (t, lp)))
+    done.add_done_callback(lambda _: loop.call_soon_threadsafe(sampled.put_nowait, None))
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    await response.write(b"data: " + json.dumps(outs[0]).encode() + b"\n\ndata: [DONE]\n\n")
+    request_id, n = f"clawjax-{next(self._ids)}", 0
+    while (item := await sampled.get()) is not None:
+      n += 1
+      meta = {"id": request_id, "finish_reason": None, "prompt_tokens": len(prompt),
+              "completion_tokens": n, **({"output_token_logprobs": [[item[1], item[0], None]]}
+                                         if logprobs else {})}
+      await response.write(_event({"text": "", "output_ids": [item[0]], "meta_info": meta}))
+    try:
+      last = self._response(done.result(), sampling, logprobs)
+    except EngineError as e:
+      last = {"error": {"message": str(e), "code": e.status}}
+    else:
+      last["output_ids"] = []  # (All sent already.)
+      last["meta_info"].update(id=request_id, **({"output_token_logprobs": []} if logprobs else {}))
+    await response.write(_event(last) + b"data: [DONE]\n\n")
     return response
 
   def _response(self, r: Result, sampling: SamplingParams, logprobs: bool) -> dict[str, Any]:

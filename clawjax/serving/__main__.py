@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "default loop; asyncio is the fallback where uvloop does not install (Windows)")
   p.add_argument("--incremental-stream", action=argparse.BooleanOptionalAction,
                  default=defaults.incremental_stream,
-                 help="stream text as the engine samples it (sglang, vllm, scripted); off sends "
+                 help="stream text as the engine samples it; off sends "
                       "each turn whole once generated, which costs the shim less per call "
                       "(ShimConfig.incremental_stream)")
   for field, kind in [("max_new_tokens", int), ("max_context", int), ("top_k", int),

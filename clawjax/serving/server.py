@@ -66,10 +66,10 @@ class ShimConfig:
   finish_timeout_s: float = 30.0  # POST /rollouts/{id}/finish waits this long for calls in flight.
   public_url: str | None = None  # Root for base_url when clients reach the server by another address.
   log_threads: int = 32  # Threads appending + fsyncing call records (I/O-bound: one per busy rollout).
-  # Stream text and thinking as the engine samples them (backends with `generate_streaming`: sglang,
-  # vllm, scripted). Off: each turn goes out whole once generated, after keep-alives. Harnesses act
-  # the same either way; off saves the shim ~80 us of CPU per token (engine events to parse, client
-  # events to send), which is what training wants. On: someone watches a harness live.
+  # Stream text and thinking as the engine samples them (`Backend.generate_streaming`). Off: each turn
+  # goes out whole once generated, after keep-alives. Harnesses act the same either way; off saves the
+  # shim ~80 us of CPU per token (engine events to parse, client events to send), which is what
+  # training wants. On: someone watches a harness live.
   incremental_stream: bool = False
 
 

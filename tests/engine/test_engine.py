@@ -30,6 +30,32 @@ def test_concurrent_requests_logprobs_equal_learner_recompute(engine, model):
     assert r.policy_version == engine.version
 
 
+def test_tokens_are_followed_as_they_are_sampled(engine):
+  """on_token (engine thread) sees each token once, in order, before the result; generate's on_tokens
+  runs on the caller's loop, every call before the result arrives there."""
+  import asyncio
+  import threading
+  seen, threads = [], set()
+
+  def on_token(token, logprob):
+    seen.append((token, logprob))
+    threads.add(threading.current_thread().name)
+
+  sampling = SamplingParams(max_new_tokens=7, temperature=1.0, seed=3)
+  r = engine.submit(prompt(12, 9), sampling, on_token).result(timeout=120)
+  assert seen == list(zip(r.output_ids, r.output_logprobs)) and threads == {"clawjax-engine"}
+
+  async def follow():
+    got = []
+    result = await engine.generate(prompt(12, 9), sampling, lambda ids: got.append(
+        (list(ids), threading.current_thread() is threading.main_thread())))
+    return got, result
+
+  got, again = asyncio.run(follow())
+  assert again.output_ids == r.output_ids  # (seeded)
+  assert got == [([t], True) for t in r.output_ids]
+
+
 def test_greedy_equals_argmax_of_full_forward(engine, model):
   ids = prompt(11, 25)
   r = engine.submit(ids, SamplingParams(max_new_tokens=10, temperature=0.0)).result(timeout=120)

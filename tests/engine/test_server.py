@@ -128,11 +128,11 @@ def test_shim_sglang_backend_client_round_trip(model):
                                                    stop_token_ids=(EOS,)))
       assert gen.output_ids == direct.output_ids and gen.policy_version == 0
       np.testing.assert_allclose(gen.output_logprobs, direct.output_logprobs, atol=1e-6)
-      # Streamed (the shim's --incremental-stream): one event with the whole generation.
+      # Streamed (the shim's --incremental-stream): an event per token, then the finish.
       got = []
       streamed = await backend.generate_streaming(
           ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
-      assert streamed == gen and got == [list(gen.output_ids)]
+      assert streamed == gen and got == [[t] for t in gen.output_ids]
       assert await backend.health()
       await backend.flush_cache()  # answered in plain text, as SGLang does
     finally:

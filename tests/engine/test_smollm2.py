@@ -52,9 +52,18 @@ def test_openai_sdk_through_the_shim_gets_a_sensible_answer(tmp_path):
   from clawjax.text.templates import load_template
   backend = create_backend("embedded", model="smollm2-135m", url=None, max_slots="2", max_seq_len="512",
                            prefill_chunk="64", min_bucket="64")
-  config = ShimConfig(log_dir=str(tmp_path / "logs"), temperature=0.0, max_new_tokens=24, max_context=512)
+  config = ShimConfig(log_dir=str(tmp_path / "logs"), temperature=0.0, max_new_tokens=24, max_context=512,
+                      incremental_stream=True)
+  ask = dict(model="policy", messages=[{"role": "user", "content": "What is 2+2?"}])
   with ShimThread(config, backend, load_template("smollm2-135m")) as shim:
-    rollout = shim.create_rollout("arith", "openclaw")
-    client = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"], max_retries=0)
-    reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "What is 2+2?"}])
+    clients = []
+    for _ in range(2):
+      rollout = shim.create_rollout("arith", "openclaw")
+      clients.append(openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"],
+                                   max_retries=0))
+    reply = clients[0].chat.completions.create(**ask)
+    # The same greedy turn streamed as the engine samples it (--incremental-stream).
+    pieces = [ch.choices[0].delta.content for ch in clients[1].chat.completions.create(**ask, stream=True)
+              if ch.choices and ch.choices[0].delta.content]
   assert "4" in reply.choices[0].message.content
+  assert len(pieces) > 2 and "".join(pieces) == reply.choices[0].message.content

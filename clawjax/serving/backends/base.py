@@ -6,7 +6,9 @@ backend (sglang, vllm, scripted, the in-process JAX engine `embedded`) implement
   async generate(input_ids, SamplingParams) -> Generation
   async health() -> bool
   async close()
-  optional: async update_weights_from_disk(model_path) -> int | None, async flush_cache()
+  optional: async generate_streaming(input_ids, SamplingParams, on_tokens) -> Generation (the shim's
+    --incremental-stream; a `SamplingBackend` has one `sample(..., on_tokens | None)` for both),
+    async update_weights_from_disk(model_path) -> int | None, async flush_cache()
 
 Log-prob convention (all backends): `output_logprobs[i]` is log softmax(logits / T) over the full
 vocabulary at the sampling temperature T, evaluated at `output_ids[i]`, before any top-p/top-k
@@ -162,6 +164,23 @@ class Backend(abc.ABC):
 
   async def flush_cache(self) -> None:
     pass
+
+
+class SamplingBackend(Backend):
+  """A backend with one way to sample, which can hand on its tokens or not: `generate` and
+  `generate_streaming` are both `sample`."""
+
+  @abc.abstractmethod
+  async def sample(self, input_ids: list[int], params: SamplingParams,
+                   on_tokens: TokenSink | None) -> Generation:
+    """`generate`, calling `on_tokens` (when given) as `generate_streaming` does."""
+
+  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+    return await self.sample(input_ids, params, None)
+
+  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+                               on_tokens: TokenSink) -> Generation:
+    return await self.sample(input_ids, params, on_tokens)
 
 
 BackendFactory = Callable[..., Backend]

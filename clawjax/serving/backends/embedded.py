@@ -14,18 +14,20 @@ from typing import Any
 
 from clawjax.engine.engine import Engine, EngineConfig, EngineError
 from clawjax.engine.loading import load_model, load_weights
-from clawjax.serving.backends.base import Backend, BackendError, Generation, SamplingParams, register_backend
+from clawjax.serving.backends.base import (BackendError, Generation, SamplingBackend, SamplingParams,
+                                           TokenSink, register_backend)
 
 
-class EmbeddedBackend(Backend):
+class EmbeddedBackend(SamplingBackend):
 
   def __init__(self, engine: Engine, owns_engine: bool, model=None):
     """`model`: the Decoder the engine was built from, the template for weight reloads from disk."""
     self.engine, self._owns_engine, self._model = engine, owns_engine, model
 
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
+  async def sample(self, input_ids: list[int], params: SamplingParams,
+                   on_tokens: TokenSink | None) -> Generation:
     try:
-      r = await self.engine.generate(input_ids, params)
+      r = await self.engine.generate(input_ids, params, on_tokens)
     except EngineError as e:
       raise BackendError(f"embedded engine: {e}", status=e.status) from e
     if r.finish_reason == "abort":  # cut short by a weight update: retryable, as sglang.py treats it

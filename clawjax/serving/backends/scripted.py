@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from clawjax.serving.backends.base import (Backend, BackendError, Generation, SamplingParams,
+from clawjax.serving.backends.base import (BackendError, Generation, SamplingBackend, SamplingParams,
                                            TokenSink, register_backend)
 from clawjax.text.messages import Message, ToolCall
 from clawjax.text.templates import ChatTemplate, load_template
@@ -77,7 +77,7 @@ def scripted_logprob(position: int, token_id: int) -> float:
   return -0.01 - 1.99 * ((position * 7919 + token_id * 104729) % 1000) / 1000.0
 
 
-class ScriptedBackend(Backend):
+class ScriptedBackend(SamplingBackend):
   """Plays `script` (a list of turns, or a function of the prompt ids returning a turn)."""
 
   def __init__(self, template: ChatTemplate,
@@ -99,15 +99,8 @@ class ScriptedBackend(Backend):
       return self.script(input_ids)
     return self.script[min(self.turns_played, len(self.script) - 1)]
 
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-    return await self._play(input_ids, params, None)
-
-  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
-                               on_tokens: TokenSink) -> Generation:
-    return await self._play(input_ids, params, on_tokens)
-
-  async def _play(self, input_ids: list[int], params: SamplingParams,
-                  on_tokens: TokenSink | None) -> Generation:
+  async def sample(self, input_ids: list[int], params: SamplingParams,
+                   on_tokens: TokenSink | None) -> Generation:
     call, self.calls = self.calls, self.calls + 1
     if self.latency_s:
       await asyncio.sleep(self.latency_s)
