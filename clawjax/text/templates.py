@@ -29,7 +29,8 @@ from typing import Literal
 
 from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments
 from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_preset, model_type
-from clawjax.text.turn_stream import CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, TurnStream
+from clawjax.text.turn_stream import (CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, TurnStream,
+                                      split_thinking)
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
@@ -98,14 +99,6 @@ def _calls_key(tool_calls: Sequence[ToolCall]) -> tuple:
   # repr, not canonical JSON: cheap, and exact for the rendering (which serialises the same value).
   return tuple((c.name, c.arguments if isinstance(c.arguments, str) else repr(c.arguments))
                for c in tool_calls)
-
-
-def _split_thinking(content: str) -> tuple[str | None, str]:
-  """(thinking, rest) of a text that may hold a `<think>...</think>` block before its visible part."""
-  if THINK_CLOSE not in content:
-    return None, content
-  head, rest = content.split(THINK_CLOSE, 1)
-  return head.split(THINK_OPEN)[-1].strip("\n"), rest.lstrip("\n")
 
 
 class ChatTemplate:
@@ -267,7 +260,7 @@ class ChatTemplate:
   def _thinking_and_content(self, m: Message) -> tuple[str | None, str]:
     if m.thinking is not None or not self.format.thinking:
       return m.thinking, m.content
-    return _split_thinking(m.content)
+    return split_thinking(m.content)
 
   @staticmethod
   def _last_query_index(messages: Sequence[Message]) -> int:

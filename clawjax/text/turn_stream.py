@@ -40,6 +40,16 @@ class Delta(NamedTuple):
   text: str
 
 
+def split_thinking(text: str) -> tuple[str | None, str]:
+  """The grammar's thinking rule on a whole text: (thinking, the rest), thinking None unless the text
+  opens with `<think>`. For assistant content a harness sends back with its thinking written inline,
+  read as the parser read the turn it came from."""
+  if not text.startswith(THINK_OPEN):
+    return None, text
+  thinking, _, rest = text[len(THINK_OPEN):].partition(THINK_CLOSE)
+  return thinking.strip("\n"), rest.lstrip("\n")
+
+
 def parse_tool_call(body: str, id_prefix: str) -> ToolCall | None:
   """The call in one `<tool_call>` body, or None when it is malformed."""
   try:

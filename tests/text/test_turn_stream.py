@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from clawjax.text.messages import ParsedTurn
-from clawjax.text.turn_stream import TurnParser
+from clawjax.text.turn_stream import TurnParser, split_thinking
 
 
 def reference(text: str) -> tuple[str, str | None, list[tuple[str, dict]], list[str]]:
@@ -92,6 +92,19 @@ def test_streamed_deltas_add_up_to_the_parse_and_match_the_reference(qwen3, text
   decoded = qwen3.tokenizer.decode(turn_ids)
   assert summary(turn) == reference(decoded)
   assert summary(qwen3.parse(ids)) == summary(turn)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([p for p in PIECES if "tool_call" not in p and "{" not in p]),
+                max_size=12).map("".join))
+def test_echoed_inline_thinking_is_read_as_the_turn_was_parsed(text):
+  # A harness that writes a turn's thinking back inline gets the reading the parser gave the turn, so
+  # the echo matches the sampled turn.
+  parser = TurnParser()
+  parser.push(text, final=True)
+  turn = parser.turn()
+  thinking, rest = split_thinking(text)
+  assert (turn.thinking, turn.text) == (thinking or None, rest.strip())
 
 
 def test_text_streams_before_the_turn_ends_and_holds_only_what_may_change(qwen3):
