@@ -17,8 +17,16 @@ spread over the turn, and direct calls stream the same way. Give it a realistic 
 (--engine-latency-s 0.5 is ~80 tokens/s for the ~40-token turn); at 50 ms the per-token events alone
 overload two cores.
 
+A change to the shim is measured against a variant shim: a second shim process, started with
+--variant-flag and/or from the code at --variant-root (another checkout, e.g. `git worktree add`),
+serves a second copy of each rollout, and every round calls both shims (alternating which goes first).
+On this noisy 2-core machine run-to-run spread (1-3 ms at p50) hides sub-millisecond effects that such
+interleaved calls show.
+
   python benchmarks/shim_overhead.py --json [--concurrency 1 16 128 --rounds 30]
   python benchmarks/shim_overhead.py --json --incremental-stream --engine-latency-s 0.5 --rounds 20
+  python benchmarks/shim_overhead.py --concurrency 16 --variant-flag=--gc-threshold=0
+  python benchmarks/shim_overhead.py --concurrency 1 16 --variant-root ../clawjax-before
 """
 
 from __future__ import annotations
@@ -251,50 +259,69 @@ class Servers:
   engine: str
   hop: str
   incremental_stream: bool  # The shim streams tokens from the engine; direct calls stream too.
+  variant: str | None = None  # A second shim (--variant-flag, --variant-root).
+
+  def shims(self) -> dict[str, str]:
+    return {"shim": self.shim} | ({"variant": self.variant} if self.variant else {})
 
 
-async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: asyncio.Barrier,
-                         on_release, tool_s: float, seed: int) -> None:
-  rng = random.Random(seed)
-  async with session.post(urls.shim + "/rollouts", json={"task_id": "bench",
-                                                         "harness": "claude-code"}) as resp:
+async def play_to_measured_call(session, shim_url: str, n_prior: int) -> tuple[dict, dict, dict]:
+  """A new rollout on the shim at `shim_url`, played through calls 1..n_prior (echoing each turn back
+  like Claude Code) and one unmeasured call n_prior + 1, whose logged prompt is what the direct calls
+  (and the hop) send. Returns the rollout, its request body and the tool result block that each
+  measured round rewrites."""
+  async with session.post(shim_url + "/rollouts", json={"task_id": "bench",
+                                                        "harness": "claude-code"}) as resp:
     rollout = await resp.json()
   body = first_request()
-  for k in range(n_prior):  # Calls 1..n_prior, echoing each turn back like Claude Code.
+  for k in range(n_prior):
     _, blocks = await call_shim(session, rollout, body)
     body["messages"].append({"role": "assistant", "content": blocks})
     body["messages"].append({"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": b["id"], "content": tool_result(k)}
         for b in blocks if b["type"] == "tool_use"]})
   last = body["messages"][-1]["content"][0]
-  # One unmeasured 30th call: its logged prompt is what the direct calls (and the hop) send.
   last["content"] = tool_result(n_prior, salt="\n# warm-up")
-  out["body_bytes"] = len(orjson.dumps(body))
   await call_shim(session, rollout, body, reassemble=False)
+  return rollout, body, last
+
+
+async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: asyncio.Barrier,
+                         on_release, tool_s: float, seed: int) -> None:
+  rng = random.Random(seed)
+  played = {name: await play_to_measured_call(session, url, n_prior)
+            for name, url in urls.shims().items()}
+  rollout, body, _ = played["shim"]
+  out["body_bytes"] = len(orjson.dumps(body))
   out["input_ids"] = _last_input_ids(rollout["log_path"])
   direct = direct_request(out["input_ids"], urls.incremental_stream)
   await post_timed(session, urls.engine + "/generate", direct, _JSON)
   await post_timed(session, urls.hop + "/configure", direct, _JSON)
   if await barrier.wait() == 0:  # The measured calls of all rollouts start together.
     on_release()
+  names = list(played)
   for r in range(rounds):
     # The harness runs the tool (also after the barrier: rollouts do not call in one burst).
     await asyncio.sleep(rng.uniform(0, tool_s))
-    last["content"] = tool_result(n_prior, salt=f"\n# round {r}")
-    dt, _ = await call_shim(session, rollout, body, reassemble=False)
-    out["shim"].append(dt)
+    for name in names[r % len(names):] + names[:r % len(names)]:  # The two shims take turns first.
+      rollout, body, last = played[name]
+      last["content"] = tool_result(n_prior, salt=f"\n# round {r}")
+      out[name].append((await call_shim(session, rollout, body, reassemble=False))[0])
     out["direct"].append((await post_timed(session, urls.engine + "/generate", direct, _JSON))[0])
-    out["hop"].append((await post_timed(session, urls.hop + "/v1/messages", orjson.dumps(body),
-                                        _JSON))[0])
+    out["hop"].append((await post_timed(session, urls.hop + "/v1/messages",
+                                        orjson.dumps(played["shim"][1]), _JSON))[0])
   if await barrier.wait() == 0:
     on_release()
-  async with session.post(f"{urls.shim}/rollouts/{rollout['rollout_id']}/finish", json={}) as resp:
-    await resp.read()
-  (records,) = load(rollout["log_path"]).calls.values()
-  # Inside the shim: arrival to the record built (t_end, just before its fsync), less the engine time.
-  out["server"] += [r.t_end - r.t_start - r.extra["backend_s"] for r in records[n_prior + 1:]]
-  out["backend"] += [r.extra["backend_s"] for r in records[n_prior + 1:]]
-  out["log_bytes"] = os.path.getsize(rollout["log_path"])
+  for name, (rollout, _, _) in played.items():
+    async with session.post(f"{urls.shims()[name]}/rollouts/{rollout['rollout_id']}/finish",
+                            json={}) as resp:
+      await resp.read()
+    (records,) = load(rollout["log_path"]).calls.values()
+    # Inside the shim: arrival to the record built (t_end, just before its fsync), less engine time.
+    out[name + "_server"] += [r.t_end - r.t_start - r.extra["backend_s"]
+                              for r in records[n_prior + 1:]]
+    out[name + "_backend"] += [r.extra["backend_s"] for r in records[n_prior + 1:]]
+  out["log_bytes"] = os.path.getsize(played["shim"][0]["log_path"])
 
 
 def _last_input_ids(path: str) -> list[int]:
@@ -311,8 +338,9 @@ def cpu_seconds(pid: int) -> float:
 
 async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, int],
                   tool_s: float) -> dict:
-  outs = [{"shim": [], "direct": [], "hop": [], "server": [], "backend": []}
-          for _ in range(concurrency)]
+  series = ["direct", "hop"] + [name + part for name in urls.shims() for part in ("", "_server",
+                                                                                "_backend")]
+  outs = [{k: [] for k in series} for _ in range(concurrency)]
   cpu_marks: list[dict[str, float]] = []  # CPU seconds by process, at the start and end of the rounds.
   barrier = asyncio.Barrier(concurrency)
   on_release = lambda: cpu_marks.append({name: cpu_seconds(pid) for name, pid in pids.items()})
@@ -321,22 +349,26 @@ async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, i
     await asyncio.gather(*(rollout_worker(s, urls, rounds, n_prior, o, barrier, on_release, tool_s,
                                           seed)
                            for seed, o in enumerate(outs)))
-  # Per measured round (one call each through the shim, direct and through the hop), by process.
+  # Per measured round (one call each through the shim(s), direct and through the hop), by process.
   cpu_ms_per_round = {name: (cpu_marks[1][name] - cpu_marks[0][name]) * 1e3 / (concurrency * rounds)
                       for name in pids}
-  ms = {k: np.array([x for o in outs for x in o[k]]) * 1e3
-        for k in ("shim", "direct", "hop", "server", "backend")}
+  ms = {k: np.array([x for o in outs for x in o[k]]) * 1e3 for k in series}
   pct = {k: {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
          for k, a in ms.items()}
   minus = lambda a, b: {q: pct[a][q] - pct[b][q] for q in ("p50", "p99")}
-  return {"concurrency": concurrency, "samples": len(ms["shim"]), "body_bytes": outs[0]["body_bytes"],
-          "log_bytes_per_rollout": outs[0]["log_bytes"],
-          "context_tokens": len(outs[0]["input_ids"]),
-          "direct_ms": pct["direct"], "shim_ms": pct["shim"], "added_ms": minus("shim", "direct"),
-          # The floor: what an aiohttp hop that does none of the shim's work adds.
-          "hop_ms": pct["hop"], "hop_added_ms": minus("hop", "direct"),
-          "in_shim_before_fsync_ms": pct["server"], "engine_seen_by_shim_ms": pct["backend"],
-          "shim_cpu_ms_per_call": cpu_ms_per_round["shim"], "cpu_ms_per_round": cpu_ms_per_round}
+  result = {"concurrency": concurrency, "samples": len(ms["shim"]),
+            "body_bytes": outs[0]["body_bytes"], "log_bytes_per_rollout": outs[0]["log_bytes"],
+            "context_tokens": len(outs[0]["input_ids"]), "direct_ms": pct["direct"],
+            # The floor: what an aiohttp hop that does none of the shim's work adds.
+            "hop_ms": pct["hop"], "hop_added_ms": minus("hop", "direct"),
+            "cpu_ms_per_round": cpu_ms_per_round}
+  for name in urls.shims():  # "shim", and "variant" when there is one (its keys prefixed so).
+    prefix = "" if name == "shim" else name + "_"
+    result |= {f"{name}_ms": pct[name], f"{prefix}added_ms": minus(name, "direct"),
+               f"{prefix}in_shim_before_fsync_ms": pct[name + "_server"],
+               f"{prefix}engine_seen_by_shim_ms": pct[name + "_backend"],
+               f"{name}_cpu_ms_per_call": cpu_ms_per_round[name]}
+  return result
 
 
 async def wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 120,
@@ -368,6 +400,14 @@ def main() -> None:
                  help="run the shim with --incremental-stream: the engine streams each token as an "
                       "event (SGLang's incremental mode), the shim streams text on; direct calls then "
                       "stream too")
+  p.add_argument("--shim-flag", action="append", default=[],
+                 help="extra flag for the shim process, as one argument: --shim-flag=--log-threads=8")
+  p.add_argument("--variant-flag", action="append", default=[],
+                 help="runs a second shim with this extra flag (repeatable), measured side by side: "
+                      "each rollout calls both in every round, alternating which goes first. Reported "
+                      "as variant_*; e.g. --variant-flag=--gc-threshold=0")
+  p.add_argument("--variant-root", default=None,
+                 help="runs the variant shim from the clawjax code in this directory")
   p.add_argument("--serve-engine", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--serve-hop", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--engine-url", default=None, help=argparse.SUPPRESS)
@@ -378,25 +418,33 @@ def main() -> None:
   if args.serve_hop is not None:
     serve_hop(args.serve_hop, args.engine_url)
     return
-  engine_port, shim_port, hop_port = free_port(), free_port(), free_port()
-  urls = Servers(*(f"http://127.0.0.1:{port}" for port in (shim_port, engine_port, hop_port)),
-                 incremental_stream=args.incremental_stream)
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  ports = {name: free_port() for name in ("shim", "engine", "hop", "variant")}
+  url = lambda name: f"http://127.0.0.1:{ports[name]}"
+  variant = bool(args.variant_flag or args.variant_root)
+  urls = Servers(url("shim"), url("engine"), url("hop"), args.incremental_stream,
+                 url("variant") if variant else None)
+  env_for = lambda root: dict(os.environ, PYTHONPATH=os.path.abspath(root) + os.pathsep
+                              + os.environ.get("PYTHONPATH", ""))
+  env = env_for(ROOT)
   with tempfile.TemporaryDirectory() as log_dir:
+    shim = lambda name, flags, root=ROOT: subprocess.Popen(
+        [sys.executable, "-m", "clawjax.serving", "--backend", "sglang", "--backend-url", urls.engine,
+         "--model", "qwen3", "--port", str(ports[name]), "--log-dir", os.path.join(log_dir, name),
+         "--max-context", "65536",
+         "--incremental-stream" if args.incremental_stream else "--no-incremental-stream", *flags],
+        env=env_for(root), stderr=subprocess.DEVNULL)
     procs = {
-        "engine": subprocess.Popen([sys.executable, __file__, "--serve-engine", str(engine_port),
+        "engine": subprocess.Popen([sys.executable, __file__, "--serve-engine", str(ports["engine"]),
                                     "--engine-latency-s", str(args.engine_latency_s)], env=env),
-        "shim": subprocess.Popen([sys.executable, "-m", "clawjax.serving", "--backend", "sglang",
-                                  "--backend-url", urls.engine, "--model", "qwen3",
-                                  "--port", str(shim_port), "--log-dir", log_dir,
-                                  "--max-context", "65536",
-                                  "--incremental-stream" if args.incremental_stream else
-                                  "--no-incremental-stream"], env=env, stderr=subprocess.DEVNULL),
-        "hop": subprocess.Popen([sys.executable, __file__, "--serve-hop", str(hop_port),
+        "shim": shim("shim", args.shim_flag),
+        "hop": subprocess.Popen([sys.executable, __file__, "--serve-hop", str(ports["hop"]),
                                  "--engine-url", urls.engine], env=env)}
+    if variant:
+      procs["variant"] = shim("variant", args.shim_flag + args.variant_flag,
+                              args.variant_root or ROOT)
     try:
       for name, proc in procs.items():
-        asyncio.run(wait_up(getattr(urls, name), proc))
+        asyncio.run(wait_up(url(name), proc))
       pids = {name: proc.pid for name, proc in procs.items()} | {"client": os.getpid()}
       # The client is on libuv too, as Node.js harnesses are.
       results = [uvloop.run(measure(urls, c, args.rounds, args.prior_calls, pids, args.tool_time_s))
@@ -406,7 +454,8 @@ def main() -> None:
         proc.terminate()
         proc.wait()
   report = {"benchmark": "shim_overhead", "engine_latency_s": args.engine_latency_s,
-            "incremental_stream": args.incremental_stream,
+            "incremental_stream": args.incremental_stream, "shim_flags": args.shim_flag,
+            "variant_flags": args.variant_flag, "variant_root": args.variant_root,
             "tool_time_s": args.tool_time_s,
             "load_average": os.getloadavg(),
             "rounds": args.rounds, "prior_calls": args.prior_calls, "cpus": os.cpu_count(),
@@ -416,8 +465,10 @@ def main() -> None:
       f"shim p50 {r['shim_ms']['p50']:7.2f} ms  added p50 {r['added_ms']['p50']:6.2f} ms  "
       f"p99 {r['added_ms']['p99']:6.2f} ms  bare hop added p50 {r['hop_added_ms']['p50']:5.2f} "
       f"p99 {r['hop_added_ms']['p99']:5.2f} ms  in-shim p50 {r['in_shim_before_fsync_ms']['p50']:6.2f}"
-      f" ms p99 {r['in_shim_before_fsync_ms']['p99']:6.2f} ms  CPU/round "
-      + " ".join(f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms"))
+      f" ms p99 {r['in_shim_before_fsync_ms']['p99']:6.2f} ms  "
+      + (f"variant added p50 {r['variant_added_ms']['p50']:6.2f} ms p99 "
+         f"{r['variant_added_ms']['p99']:6.2f} ms  " if "variant_ms" in r else "")
+      + "CPU/round " + " ".join(f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms"))
 
 
 def print_report(report: dict, as_json: bool, line: Callable[[dict], str]) -> None:

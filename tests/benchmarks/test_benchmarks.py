@@ -29,7 +29,8 @@ def test_learner_benchmark_tree_and_paths_agree(share):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [[], ["--incremental-stream"]], ids=["whole", "incremental"])
+@pytest.mark.parametrize("mode", [[], ["--incremental-stream", "--variant-flag=--gc-threshold=0"]],
+                         ids=["whole", "incremental-with-variant"])
 def test_shim_benchmark_reports_every_level(mode):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shim_overhead.py"), "--json",
@@ -47,3 +48,8 @@ def test_shim_benchmark_reports_every_level(mode):
     # Compact call-log lines: the rollout's 7 calls (~20K-token contexts, ~7 bytes an id) log about
     # one context in full; writing each input whole would take ~7 contexts.
     assert r["log_bytes_per_rollout"] < 2 * 7 * r["context_tokens"]
+    # The variant shim (another process, its own rollouts) was measured in the same rounds.
+    assert ("variant_ms" in r) == bool(mode)
+    if mode:
+      assert r["variant_ms"]["p50"] > r["variant_in_shim_before_fsync_ms"]["p50"] > 0
+      assert r["variant_cpu_ms_per_call"] > 0 and set(r["cpu_ms_per_round"]) >= {"shim", "variant"}
