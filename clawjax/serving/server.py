@@ -56,7 +56,9 @@ class ShimConfig:
   host: str = "127.0.0.1"
   port: int = 0  # 0: any free port.
   max_new_tokens: int = 8192  # The paper's recipe; Claude Code asks for 32K-128K.
-  max_context: int = 32768  # Prompt + generation budget; longer prompts get "prompt is too long".
+  # Prompt + generation budget; longer prompts get "prompt is too long". An engine that tells a smaller
+  # limit of its own (vLLM's --max-model-len, the embedded engine's max_seq_len) sets it instead.
+  max_context: int = 32768
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = -1
@@ -276,8 +278,12 @@ class ShimServer:
       return self._error(self.anthropic, e)
     return _json_response({"input_tokens": len(ids)})
 
-  def _too_long(self, n: int) -> ApiError:
-    limit = self.config.max_context
+  async def _max_context(self) -> int:
+    """--max-context, or the engine's own limit where that is smaller (`Backend.context_length`)."""
+    engine = await self.backend.context_length()
+    return self.config.max_context if engine is None else min(engine, self.config.max_context)
+
+  def _too_long(self, n: int, limit: int) -> ApiError:
     return ApiError(errors.CONTEXT, f"prompt is too long: {n} tokens > {limit - 1} maximum "
                     f"(this model's maximum context length is {limit} tokens)")
 
@@ -293,12 +299,13 @@ class ShimServer:
       except ValueError as e:
         raise ApiError(errors.INVALID, f"messages: {e}") from None
       input_ids = prompt.input_ids  # A fresh list per call: no copy needed.
-      if len(input_ids) >= self.config.max_context:
-        raise self._too_long(len(input_ids))
+      max_context = await self._max_context()
+      if len(input_ids) >= max_context:
+        raise self._too_long(len(input_ids), max_context)
     except ApiError as e:
       return self._error(dialect, e)
     max_new = min(req.max_tokens or self.config.max_new_tokens, self.config.max_new_tokens,
-                  self.config.max_context - len(input_ids))
+                  max_context - len(input_ids))
     params = SamplingParams(max_new_tokens=max_new, temperature=self.config.temperature,
                             top_p=self.config.top_p, top_k=self.config.top_k,
                             stop_token_ids=self.template.stop_token_ids)

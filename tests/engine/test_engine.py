@@ -1,5 +1,6 @@
 """The engine against a plain full-sequence forward of the same model (the learner's computation)."""
 
+import asyncio
 import concurrent.futures
 import dataclasses
 
@@ -10,6 +11,7 @@ from flax import nnx
 
 from clawjax.engine.engine import Engine, EngineError
 from clawjax.serving.backends.base import SamplingParams
+from clawjax.serving.backends.embedded import EmbeddedBackend
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder
 from tests.engine.conftest import SMALL, full_logits, learner_logprobs, prompt, tiny_model
@@ -189,3 +191,8 @@ def test_closed_engine_refuses_and_fails_queued_requests(model):
   with pytest.raises(EngineError) as e:
     eng.submit([1, 2], SamplingParams(max_new_tokens=1))
   assert e.value.status == 503
+
+
+def test_embedded_backend_tells_the_shim_its_context(engine):
+  # The shim holds prompts + generations to it (ShimServer._max_context), as for a remote engine.
+  assert asyncio.run(EmbeddedBackend(engine, owns_engine=False).context_length()) == SMALL.max_seq_len

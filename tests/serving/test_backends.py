@@ -76,12 +76,18 @@ def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
           ("POST", "/flush_cache"): ok, ("POST", "/update_weights_from_disk"): ok}
 
 
-def vllm_routes(policy: ScriptedBackend, seen: list):
-  """vLLM's /v1/completions with a token-id prompt and return_token_ids."""
+def vllm_routes(policy: ScriptedBackend, seen: list, max_model_len: int | None = None):
+  """vLLM's /v1/completions with a token-id prompt and return_token_ids; /v1/models lists
+  `max_model_len` when given (vLLM's --max-model-len), and prompts + max_tokens past it get vLLM's
+  400, as the real server answers."""
 
   async def completions(request):
     body = await request.json()
     seen.append(body)
+    if max_model_len is not None and len(body["prompt"]) + body["max_tokens"] > max_model_len:
+      return web.json_response({"object": "error", "type": "BadRequestError", "code": 400,
+                                "message": "This model's maximum context length is "
+                                           f"{max_model_len} tokens."}, status=400)
     gen = await policy.generate(body["prompt"], SamplingParams(
         max_new_tokens=body["max_tokens"], stop_token_ids=tuple(body["stop_token_ids"])))
     return web.json_response({"choices": [{
@@ -90,7 +96,8 @@ def vllm_routes(policy: ScriptedBackend, seen: list):
         "logprobs": {"token_logprobs": list(gen.output_logprobs), "tokens": [], "top_logprobs": []}}]})
 
   async def models(request):
-    return web.json_response({"data": [{"id": "served-policy"}]})
+    card = {"id": "served-policy"} | ({"max_model_len": max_model_len} if max_model_len else {})
+    return web.json_response({"data": [card]})
 
   async def health(request):
     return web.Response()
@@ -226,3 +233,26 @@ def test_claude_code_profile_roles():
   assert set(PROFILES) == {"claude-code", "openclaw", "mini"}
   with pytest.raises(ValueError, match="role"):
     RoleRule("boss", "system", "x")
+
+
+def test_an_engine_with_a_shorter_context_sets_the_limit(make_shim, template, tmp_path):
+  # The shim allows 32K, vLLM was started with less: generations are capped to fit the engine, and a
+  # prompt past its limit gets the API's "prompt is too long" (harnesses compact on it), not a 500 on
+  # every call; nothing of it reaches the engine or the log.
+  import openai
+  policy, seen = ScriptedBackend(template, [FINAL_TURN]), []
+  short = template.render([Message("user", "hi")])
+  limit = len(short) + 40
+  with EngineServer(vllm_routes(policy, seen, max_model_len=limit)) as engine:
+    shim = make_shim(None, backend=create_backend("vllm", url=engine.url, model="qwen3"),
+                     max_context=32768)
+    r = shim.create_rollout("t", "openclaw")
+    c = openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0)
+    assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]) \
+        .choices[0].message.content == FINAL_TURN.text
+    assert seen[-1]["max_tokens"] == 40
+    n_logged = len(log_calls(r["log_path"]))
+    with pytest.raises(openai.BadRequestError) as e:
+      c.chat.completions.create(model="m", messages=[{"role": "user", "content": "word " * 60}])
+    assert e.value.code == "context_length_exceeded" and f"{limit} tokens" in str(e.value)
+    assert len(seen) == 1 and len(log_calls(r["log_path"])) == n_logged

@@ -59,8 +59,9 @@ def _rollout(make_shim, vllm, **config):
   template (its stop ids must be in the model's vocabulary: vLLM refuses others)."""
   url, model_dir = vllm
   template = load_template(model_dir)
+  config = {"max_new_tokens": 32, "max_context": 2048} | config
   shim = make_shim(None, backend=create_backend("vllm", url=url, model=model_dir),
-                   chat_template=template, max_new_tokens=32, max_context=2048, **config)
+                   chat_template=template, **config)
   r = shim.create_rollout("t", "openclaw")
   return template, r, openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"],
                                     max_retries=0)
@@ -121,3 +122,19 @@ def test_vllm_two_call_conversation_splices_the_sampled_turn(make_shim, vllm):
   a, b = log_calls(r["log_path"])
   assert b.input_ids[:len(a.input_ids) + len(a.output_ids)] == a.input_ids + a.output_ids
   assert b.extra["spliced_turns"] == 1 and b.extra["drifted_turns"] == 0
+
+
+@pytest.mark.slow
+def test_vllm_context_limit_is_the_engines_when_shorter(make_shim, vllm):
+  """The shim allows 32K, vLLM serves 2048 (--max-model-len): a prompt near the limit still gets a
+  (shortened) generation, one past it the API's context error, which makes harnesses compact."""
+  _, r, c = _rollout(make_shim, vllm, max_context=32768, max_new_tokens=8192)
+  near = [{"role": "user", "content": "Summarise: " + "the cat sat on the mat. " * 275}]
+  c.chat.completions.create(model="m", messages=near)
+  (call,) = log_calls(r["log_path"])
+  assert 1900 < len(call.input_ids) < 2048
+  assert call.status == "ok" and call.extra["max_new_tokens"] == 2048 - len(call.input_ids)
+  with pytest.raises(openai.BadRequestError) as e:
+    c.chat.completions.create(model="m", messages=[{"role": "user", "content": "word " * 2100}])
+  assert e.value.code == "context_length_exceeded"
+  assert len(log_calls(r["log_path"])) == 1

@@ -38,6 +38,9 @@ class EmbeddedBackend(SamplingBackend):
   async def health(self) -> bool:
     return self.engine.alive
 
+  async def context_length(self) -> int | None:
+    return self.engine.config.max_seq_len
+
   async def update_weights_from_disk(self, model_path: str) -> int | None:
     if self._model is None:
       raise BackendError("embedded: the engine was passed in; update it through its owner", status=501)

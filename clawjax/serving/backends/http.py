@@ -86,6 +86,7 @@ class HttpBackend(Backend):
     self.timeout = aiohttp.ClientTimeout(total=float(timeout_s))
     self.max_connections = int(max_connections)
     self._session: aiohttp.ClientSession | None = None
+    self._served: dict[str, Any] | None = None  # The first model of /v1/models, once known.
 
   def session(self) -> aiohttp.ClientSession:
     if self._session is None or self._session.closed:
@@ -138,6 +139,30 @@ class HttpBackend(Backend):
             yield event
     except (aiohttp.ClientError, TimeoutError) as e:
       raise _transport_error(where, e) from None
+
+  async def served_model_card(self) -> dict[str, Any]:
+    """The engine's first entry of `GET /v1/models` (vLLM and SGLang both serve it), asked once."""
+    if self._served is None:
+      body = await self.request("GET", "/v1/models")
+      try:
+        card = body["data"][0]
+        if not isinstance(card, dict):
+          raise TypeError(type(card).__name__)
+      except (KeyError, IndexError, TypeError):
+        raise BackendError(f"{self.url}/v1/models: no model listed in {str(body)[:300]}") from None
+      self._served = card
+    return self._served
+
+  async def context_length(self) -> int | None:
+    # vLLM lists `max_model_len` (its --max-model-len). Without the field, or the endpoint, the limit
+    # stays unknown; an engine not up yet is asked again on the next call.
+    try:
+      limit = (await self.served_model_card()).get("max_model_len")
+    except BackendError as e:
+      if not e.overloaded:
+        self._served = {}
+      return None
+    return limit if isinstance(limit, int) and limit > 0 else None
 
   async def health(self) -> bool:
     try:

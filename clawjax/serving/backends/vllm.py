@@ -32,11 +32,10 @@ class VLLMBackend(HttpBackend):
 
   async def _model(self) -> str:
     if self.served_model is None:
-      body = await self.request("GET", "/v1/models")
-      try:
-        self.served_model = body["data"][0]["id"]
-      except (KeyError, IndexError, TypeError):
-        raise BackendError(f"vllm /v1/models: no model listed in {str(body)[:300]}") from None
+      served = (await self.served_model_card()).get("id")
+      if not isinstance(served, str):
+        raise BackendError(f"vllm /v1/models: the model has no id: {str(served)[:300]}")
+      self.served_model = served
     return self.served_model
 
   async def _request_body(self, input_ids: list[int], params: SamplingParams, **options: Any) -> bytes:
