@@ -178,7 +178,7 @@ async def measure(urls: dict[str, str], case: str, concurrency: int, rounds: int
     await asyncio.gather(*tasks)
     cpu = process_tree_cpu(litellm_pid) - cpu
   ms = {k: np.array([x for o in outs for x in o[k]]) * 1e3 for k in ("litellm", "direct")}
-  pct = lambda a: {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+  pct = shim_bench.percentiles
   own = [x for o in outs for x in o["overhead"] if x is not None]
   return {"case": case, "concurrency": concurrency, "body_bytes": outs[0]["body_bytes"],
           "direct_ms": pct(ms["direct"]), "litellm_ms": pct(ms["litellm"]),

@@ -55,6 +55,11 @@ sys.path.insert(0, ROOT)
 from clawjax.calllog import load  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def percentiles(a) -> dict[str, float]:
+  """The p50 and p99 of a sample, as every report here gives them."""
+  return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -353,8 +358,7 @@ async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, i
   cpu_ms_per_round = {name: (cpu_marks[1][name] - cpu_marks[0][name]) * 1e3 / (concurrency * rounds)
                       for name in pids}
   ms = {k: np.array([x for o in outs for x in o[k]]) * 1e3 for k in series}
-  pct = {k: {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
-         for k, a in ms.items()}
+  pct = {k: percentiles(a) for k, a in ms.items()}
   minus = lambda a, b: {q: pct[a][q] - pct[b][q] for q in ("p50", "p99")}
   result = {"concurrency": concurrency, "samples": len(ms["shim"]),
             "body_bytes": outs[0]["body_bytes"], "log_bytes_per_rollout": outs[0]["log_bytes"],

