@@ -9,7 +9,9 @@ are first played to their 29th call with a Claude Code-sized conversation (~75 K
 context, 12 tools); then each rollout repeatedly issues its 30th call (a fresh tool result each time,
 so the new block is really tokenised) through the shim, then a direct /generate call of the same token
 ids to the engine, then the same Messages call through the bare hop, and waits uniform(0,
---tool-time-s) for its "tool". Added latency = shim percentile - direct percentile.
+--tool-time-s) for its "tool". Added latency = shim percentile - direct percentile. With --raw-hop
+each round also calls a second bare hop that has no HTTP library (`raw_hop.py`), the floor under any
+HTTP layer the shim could have.
 
 With --incremental-stream the shim streams text as the engine samples it: the stand-in then sends one
 event per token (SGLang's incremental mode), half its latency before the first token and the rest
@@ -26,6 +28,7 @@ interleaved calls show.
   python benchmarks/shim_overhead.py --json [--concurrency 1 16 128 --rounds 30]
   python benchmarks/shim_overhead.py --json --incremental-stream --engine-latency-s 0.5 --rounds 20
   python benchmarks/shim_overhead.py --concurrency 16 --variant-flag=--gc-threshold=0
+  python benchmarks/shim_overhead.py --json --concurrency 1 16 --raw-hop
   python benchmarks/shim_overhead.py --concurrency 1 16 --variant-root ../clawjax-before
 """
 
@@ -265,9 +268,13 @@ class Servers:
   hop: str
   incremental_stream: bool  # The shim streams tokens from the engine; direct calls stream too.
   variant: str | None = None  # A second shim (--variant-flag, --variant-root).
+  raw_hop: str | None = None  # The hop without an HTTP library (--raw-hop).
 
   def shims(self) -> dict[str, str]:
     return {"shim": self.shim} | ({"variant": self.variant} if self.variant else {})
+
+  def hops(self) -> dict[str, str]:
+    return {"hop": self.hop} | ({"raw_hop": self.raw_hop} if self.raw_hop else {})
 
 
 async def play_to_measured_call(session, shim_url: str, n_prior: int) -> tuple[dict, dict, dict]:
@@ -301,7 +308,8 @@ async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: 
   out["input_ids"] = _last_input_ids(rollout["log_path"])
   direct = direct_request(out["input_ids"], urls.incremental_stream)
   await post_timed(session, urls.engine + "/generate", direct, _JSON)
-  await post_timed(session, urls.hop + "/configure", direct, _JSON)
+  for hop_url in urls.hops().values():
+    await post_timed(session, hop_url + "/configure", direct, _JSON)
   if await barrier.wait() == 0:  # The measured calls of all rollouts start together.
     on_release()
   names = list(played)
@@ -313,8 +321,9 @@ async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: 
       last["content"] = tool_result(n_prior, salt=f"\n# round {r}")
       out[name].append((await call_shim(session, rollout, body, reassemble=False))[0])
     out["direct"].append((await post_timed(session, urls.engine + "/generate", direct, _JSON))[0])
-    out["hop"].append((await post_timed(session, urls.hop + "/v1/messages",
-                                        orjson.dumps(played["shim"][1]), _JSON))[0])
+    for name, hop_url in urls.hops().items():
+      out[name].append((await post_timed(session, hop_url + "/v1/messages",
+                                         orjson.dumps(played["shim"][1]), _JSON))[0])
   if await barrier.wait() == 0:
     on_release()
   for name, (rollout, _, _) in played.items():
@@ -343,7 +352,7 @@ def cpu_seconds(pid: int) -> float:
 
 async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, int],
                   tool_s: float) -> dict:
-  series = ["direct", "hop"] + [name + part for name in urls.shims() for part in ("", "_server",
+  series = ["direct", *urls.hops()] + [name + part for name in urls.shims() for part in ("", "_server",
                                                                                 "_backend")]
   outs = [{k: [] for k in series} for _ in range(concurrency)]
   cpu_marks: list[dict[str, float]] = []  # CPU seconds by process, at the start and end of the rounds.
@@ -363,9 +372,10 @@ async def measure(urls: Servers, concurrency, rounds, n_prior, pids: dict[str, i
   result = {"concurrency": concurrency, "samples": len(ms["shim"]),
             "body_bytes": outs[0]["body_bytes"], "log_bytes_per_rollout": outs[0]["log_bytes"],
             "context_tokens": len(outs[0]["input_ids"]), "direct_ms": pct["direct"],
-            # The floor: what an aiohttp hop that does none of the shim's work adds.
-            "hop_ms": pct["hop"], "hop_added_ms": minus("hop", "direct"),
             "cpu_ms_per_round": cpu_ms_per_round}
+  # The floors: what an aiohttp hop that does none of the shim's work adds, and one with no HTTP library.
+  for name in urls.hops():
+    result |= {f"{name}_ms": pct[name], f"{name}_added_ms": minus(name, "direct")}
   for name in urls.shims():  # "shim", and "variant" when there is one (its keys prefixed so).
     prefix = "" if name == "shim" else name + "_"
     result |= {f"{name}_ms": pct[name], f"{prefix}added_ms": minus(name, "direct"),
@@ -412,6 +422,8 @@ def main() -> None:
                       "as variant_*; e.g. --variant-flag=--gc-threshold=0")
   p.add_argument("--variant-root", default=None,
                  help="runs the variant shim from the clawjax code in this directory")
+  p.add_argument("--raw-hop", action="store_true",
+                 help="also measure a bare hop without an HTTP library (raw_hop.py) in every round")
   p.add_argument("--serve-engine", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--serve-hop", type=int, default=None, help=argparse.SUPPRESS)
   p.add_argument("--engine-url", default=None, help=argparse.SUPPRESS)
@@ -422,11 +434,13 @@ def main() -> None:
   if args.serve_hop is not None:
     serve_hop(args.serve_hop, args.engine_url)
     return
-  ports = {name: free_port() for name in ("shim", "engine", "hop", "variant")}
+  if args.raw_hop and args.incremental_stream:
+    p.error("--raw-hop reads whole answers only; it does not go with --incremental-stream")
+  ports = {name: free_port() for name in ("shim", "engine", "hop", "variant", "raw_hop")}
   url = lambda name: f"http://127.0.0.1:{ports[name]}"
   variant = bool(args.variant_flag or args.variant_root)
   urls = Servers(url("shim"), url("engine"), url("hop"), args.incremental_stream,
-                 url("variant") if variant else None)
+                 url("variant") if variant else None, url("raw_hop") if args.raw_hop else None)
   env_for = lambda root: dict(os.environ, PYTHONPATH=os.path.abspath(root) + os.pathsep
                               + os.environ.get("PYTHONPATH", ""))
   env = env_for(ROOT)
@@ -446,6 +460,10 @@ def main() -> None:
     if variant:
       procs["variant"] = shim("variant", args.shim_flag + args.variant_flag,
                               args.variant_root or ROOT)
+    if args.raw_hop:
+      procs["raw_hop"] = subprocess.Popen(
+          [sys.executable, os.path.join(ROOT, "benchmarks", "raw_hop.py"), str(ports["raw_hop"]),
+           str(ports["engine"])], env=env)
     try:
       for name, proc in procs.items():
         asyncio.run(wait_up(url(name), proc))
@@ -460,6 +478,7 @@ def main() -> None:
   report = {"benchmark": "shim_overhead", "engine_latency_s": args.engine_latency_s,
             "incremental_stream": args.incremental_stream, "shim_flags": args.shim_flag,
             "variant_flags": args.variant_flag, "variant_root": args.variant_root,
+            "raw_hop": args.raw_hop,
             "tool_time_s": args.tool_time_s,
             "load_average": os.getloadavg(),
             "rounds": args.rounds, "prior_calls": args.prior_calls, "cpus": os.cpu_count(),
@@ -472,6 +491,7 @@ def main() -> None:
       f" ms p99 {r['in_shim_before_fsync_ms']['p99']:6.2f} ms  "
       + (f"variant added p50 {r['variant_added_ms']['p50']:6.2f} ms p99 "
          f"{r['variant_added_ms']['p99']:6.2f} ms  " if "variant_ms" in r else "")
+      + (f"raw hop added p50 {r['raw_hop_added_ms']['p50']:5.2f} ms  " if "raw_hop_ms" in r else "")
       + "CPU/round " + " ".join(f"{k} {v:5.2f}" for k, v in r["cpu_ms_per_round"].items()) + " ms"))
 
 

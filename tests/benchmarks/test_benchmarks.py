@@ -29,8 +29,9 @@ def test_learner_benchmark_tree_and_paths_agree(share):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [[], ["--incremental-stream", "--variant-flag=--gc-threshold=0"]],
-                         ids=["whole", "incremental-with-variant"])
+@pytest.mark.parametrize("mode", [["--raw-hop"],
+                                  ["--incremental-stream", "--variant-flag=--gc-threshold=0"]],
+                         ids=["whole-with-raw-hop", "incremental-with-variant"])
 def test_shim_benchmark_reports_every_level(mode):
   env = dict(os.environ, PYTHONPATH=str(ROOT))
   proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shim_overhead.py"), "--json",
@@ -39,17 +40,22 @@ def test_shim_benchmark_reports_every_level(mode):
                         timeout=300, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   report = json.loads(proc.stdout)
-  assert report["incremental_stream"] == bool(mode)
+  incremental = "--incremental-stream" in mode
+  assert report["incremental_stream"] == incremental and report["raw_hop"] == (not incremental)
   assert [r["concurrency"] for r in report["results"]] == [1, 2]
   for r in report["results"]:
     assert r["samples"] == 3 * r["concurrency"] and r["context_tokens"] > 1000
     assert r["shim_ms"]["p50"] > r["in_shim_before_fsync_ms"]["p50"] > 0
     assert r["hop_ms"]["p50"] > r["direct_ms"]["p50"] > 0
+    # The hop without an HTTP library answered (the client checks for a 200) after the engine's 10 ms.
+    assert ("raw_hop_ms" in r) == (not incremental)
+    if not incremental:
+      assert r["raw_hop_ms"]["p50"] > 10
     # Compact call-log lines: the rollout's 7 calls (~20K-token contexts, ~7 bytes an id) log about
     # one context in full; writing each input whole would take ~7 contexts.
     assert r["log_bytes_per_rollout"] < 2 * 7 * r["context_tokens"]
     # The variant shim (another process, its own rollouts) was measured in the same rounds.
-    assert ("variant_ms" in r) == bool(mode)
-    if mode:
+    assert ("variant_ms" in r) == incremental
+    if incremental:
       assert r["variant_ms"]["p50"] > r["variant_in_shim_before_fsync_ms"]["p50"] > 0
       assert r["variant_cpu_ms_per_call"] > 0 and set(r["cpu_ms_per_round"]) >= {"shim", "variant"}
