@@ -98,6 +98,29 @@ def test_bwrap_files_and_network_isolation(dirs, http_server):
   assert "outside reachable" not in out
 
 
+@needs_bwrap
+def test_relay_ends_quietly_with_a_connection_still_open(dirs):
+  # The shim keeps a harness's connections alive after the harness exits; the relay then closes them
+  # as it ends, without the traceback asyncio prints for a cancelled connection handler.
+  holder = socket.socket()
+  holder.bind(("127.0.0.1", 0))
+  holder.listen()
+  held = []
+  threading.Thread(target=lambda: held.append(holder.accept()), daemon=True).start()
+  port = holder.getsockname()[1]
+  result, out, err = _run(dirs, f"""
+    import socket, time
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=10)
+    s.sendall(b"hello")
+    time.sleep(0.5)
+    print("sent")
+  """, loopback_ports=[port])
+  holder.close()
+  assert result.returncode == 0 and out.strip() == "sent", err
+  assert held and held[0][0].recv(5) == b"hello"  # the relay carried the connection
+  assert err == "", err
+
+
 @pytest.mark.parametrize("mode", ["auto", "none"])
 def test_timeout_kills_process_group(dirs, mode):
   code = """
