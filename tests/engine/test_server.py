@@ -15,6 +15,7 @@ from clawjax.engine.server import SGLANG_DEFAULT_MAX_NEW_TOKENS, EngineServer, p
 from clawjax.models import hf_io
 from clawjax.serving.backends.base import SamplingParams, create_backend
 from tests.engine.conftest import SMALL, learner_logprobs, prompt, tiny_model
+from tests.ports import free_port
 
 EOS = 7  # the served model's EOS id in these tests
 
@@ -144,13 +145,10 @@ def test_shim_sglang_backend_client_round_trip(model):
 @pytest.mark.slow
 def test_command_line_server_serves_test_tiny(tmp_path):
   import os
-  import socket
   import subprocess
   import sys
   import time
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   log = open(tmp_path / "server.log", "w")
   proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", "test-tiny", "--port", str(port),
                            "--max-slots", "2", "--max-seq-len", "128", "--prefill-chunk", "64"],

@@ -1,19 +1,18 @@
 """The npm installers: a clear error when npm or its registry is unreachable, and idempotence."""
 
-import socket
 import time
 
 import pytest
 
 from clawjax.harness import install
 
+from tests.ports import free_port
+
 LEFT_PAD = install.NpmPackage("left-pad", "1.3.0", "left-pad")
 
 
 def test_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch):
-  with socket.socket() as s:  # a port nobody listens on
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   monkeypatch.setenv("CLAWJAX_CACHE", str(tmp_path / "cache"))
   monkeypatch.setenv("npm_config_registry", f"http://127.0.0.1:{port}/")
   monkeypatch.setenv("npm_config_fetch_retries", "0")

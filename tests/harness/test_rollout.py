@@ -1,7 +1,6 @@
 """Rollout statuses and the concurrent runner, with the mini harness on the real shim."""
 
 import json
-import socket
 
 from clawjax import calllog
 from clawjax.calllog import CallLogWriter
@@ -11,6 +10,7 @@ from clawjax.harness.rollout import RolloutConfig, run_rollout, run_rollouts
 from clawjax.serving.backends.scripted import ScriptTurn
 
 from tests.harness.helpers import CHECKER, decode_input, dumps, load_rollout
+from tests.ports import free_port
 
 WRITE = ScriptTurn(text="", tool_calls=(("write", {"path": "hello.txt", "content": "hello"}),))
 FINAL = ScriptTurn(text="Done.")
@@ -49,9 +49,7 @@ def test_harness_past_its_timeout_is_killed_and_marked(make_shim, hello_task, tm
 
 
 def test_unreachable_shim_marks_the_rollout_failed(hello_task, tmp_path):
-  with socket.socket() as s:  # a port nobody listens on
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+  port = free_port()
   with CallLogWriter(tmp_path / "rollouts.jsonl") as writer:
     outcome = run_rollout(f"http://127.0.0.1:{port}", hello_task, "mini",
                           _config(tmp_path, http_timeout_s=5), writer)

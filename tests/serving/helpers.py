@@ -1,7 +1,6 @@
 """Checks shared by the serving tests: what a rollout's log must look like."""
 import json
 import os
-import socket
 import urllib.error
 import urllib.request
 
@@ -35,13 +34,6 @@ def assert_linear_zero_drift(path, n_ok):
   assert filtered.drift_calls == 0
   assert filtered.leaves == 1
   return calls
-
-
-def free_port() -> int:
-  """A loopback port nobody listens on (at the time of asking)."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def log_size(log_dir):

@@ -12,7 +12,8 @@ import pytest
 
 from clawjax.serving.__main__ import parse_args
 
-from tests.serving.helpers import free_port, log_calls, post
+from tests.ports import free_port
+from tests.serving.helpers import log_calls, post
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

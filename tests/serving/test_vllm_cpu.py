@@ -4,7 +4,7 @@ import pytest
 
 from clawjax.serving import vllm_cpu
 
-from tests.serving.helpers import free_port
+from tests.ports import free_port
 
 
 def test_a_failed_install_is_reported_and_not_marked_done(tmp_path, monkeypatch):

@@ -17,7 +17,8 @@ from clawjax.serving.backends.base import create_backend
 from clawjax.text.messages import Message
 from clawjax.text.templates import load_template
 
-from tests.serving.helpers import free_port, log_calls
+from tests.ports import free_port
+from tests.serving.helpers import log_calls
 
 
 @pytest.fixture(scope="module")
