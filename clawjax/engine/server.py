@@ -153,18 +153,20 @@ class EngineServer:
                                          if logprobs else {})}
       await response.write(_event({"text": "", "output_ids": [item[0]], "meta_info": meta}))
     try:
-      last = self._response(done.result(), sampling, logprobs)
+      last = self._response(done.result(), sampling, logprobs, request_id)
     except EngineError as e:
       last = {"error": {"message": str(e), "code": e.status}}
     else:
       last["output_ids"] = []  # (All sent already.)
-      last["meta_info"].update(id=request_id, **({"output_token_logprobs": []} if logprobs else {}))
+      if logprobs:
+        last["meta_info"]["output_token_logprobs"] = []
     await response.write(_event(last) + b"data: [DONE]\n\n")
     return response
 
-  def _response(self, r: Result, sampling: SamplingParams, logprobs: bool) -> dict[str, Any]:
+  def _response(self, r: Result, sampling: SamplingParams, logprobs: bool,
+                request_id: str | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "id": f"clawjax-{next(self._ids)}",
+        "id": request_id or f"clawjax-{next(self._ids)}",
         "finish_reason": _finish_reason(r, sampling.max_new_tokens),
         "prompt_tokens": r.prompt_tokens, "completion_tokens": len(r.output_ids),
         "cached_tokens": r.cached_tokens, "weight_version": r.policy_version}

@@ -68,6 +68,13 @@ def test_plain_http_round_trip(model, tmp_path):
     assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (30, 12, 0)
     np.testing.assert_allclose([lp for lp, _, _ in meta["output_token_logprobs"]],
                                learner_logprobs(model, ids, out["output_ids"], 0.8), atol=1e-4)
+    # Streamed: every event carries the request's one id, and ids are drawn one per request.
+    status, text = await call("/generate", dict(body, stream=True))
+    events = [json.loads(line[6:]) for line in text.split("\n")
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    assert status == 200 and len(events) == 13
+    assert {e["meta_info"]["id"] for e in events} == {f"clawjax-{int(meta['id'][8:]) + 1}"}
+    assert (await call("/generate", body))[1]["meta_info"]["id"] == f"clawjax-{int(meta['id'][8:]) + 2}"
     # Same request in-process: the server adds nothing to the sampling.
     direct = await engine.generate(ids, SamplingParams(max_new_tokens=12, temperature=0.8, seed=5))
     assert list(direct.output_ids) == out["output_ids"]
