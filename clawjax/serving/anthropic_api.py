@@ -126,12 +126,16 @@ def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None
       client_sampling=sampling)
 
 
+def _text_block(kind: str, text: str) -> dict[str, Any]:
+  """A "thinking" or "text" content block (a streamed one starts empty and grows by deltas)."""
+  return {"type": "thinking", "thinking": text, "signature": ""} if kind == "thinking" else {
+      "type": "text", "text": text}
+
+
 def _blocks(result: ChatResult) -> list[dict[str, Any]]:
-  turn, blocks = result.turn, []
-  if turn.thinking:
-    blocks.append({"type": "thinking", "thinking": turn.thinking, "signature": ""})
-  if turn.text:
-    blocks.append({"type": "text", "text": turn.text})
+  turn = result.turn
+  blocks = [_text_block(kind, text) for kind, text in (("thinking", turn.thinking), ("text", turn.text))
+            if text]
   for call in turn.tool_calls:
     args = call.arguments if isinstance(call.arguments, dict) else {}
     blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": args})
@@ -175,10 +179,8 @@ class _AnthropicEvents(TurnEvents):
       if self.open_kind is not None:
         out += self._stop()
       self.open_kind = kind
-      out += self._start({"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking"
-                         else {"type": "text", "text": ""})
-    return out + self._block_delta({"type": "thinking_delta", "thinking": text} if kind == "thinking"
-                                   else {"type": "text_delta", "text": text})
+      out += self._start(_text_block(kind, ""))
+    return out + self._block_delta({"type": kind + "_delta", kind: text})
 
   def _end(self, result: ChatResult, include_usage: bool) -> bytes:
     out = [self._stop()] if self.open_kind is not None else []
