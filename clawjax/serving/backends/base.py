@@ -136,6 +136,16 @@ class BackendError(Exception):
     return self.status in (429, 503, 529)
 
 
+def engine_generation(where: str, ids: Sequence[Any], logprobs: Sequence[Any], finish_reason: str,
+                      policy_version: int | None = None) -> Generation:
+  """The Generation of a remote engine's answer; one that is not valid (unpaired ids and log-probs, a
+  bad id or log-prob) is a BackendError naming `where`."""
+  try:
+    return Generation(tuple(ids), tuple(logprobs), finish_reason, policy_version)
+  except ValueError as e:
+    raise BackendError(f"{where}: {e}") from None
+
+
 class Backend(abc.ABC):
   """An inference engine. Implementations must be safe for many concurrent `generate` calls."""
 

@@ -26,7 +26,8 @@ import contextlib
 from typing import Any
 
 from clawjax.serving.backends.base import (FINISH_REASONS, BackendError, Generation, SamplingParams,
-                                           StreamedTokens, TokenSink, ids_json_text, register_backend)
+                                           StreamedTokens, TokenSink, engine_generation, ids_json_text,
+                                           register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 
@@ -83,10 +84,7 @@ def _generation(ids: list[Any], logprobs: list[Any], finish: Any, version: int |
     raise BackendError(f"sglang /generate: unknown finish_reason {finish!r}")
   if kind == "abort":
     raise BackendError(f"sglang aborted the request: {finish}", status=503)
-  try:
-    return Generation(tuple(ids), tuple(logprobs), kind, version)
-  except ValueError as e:
-    raise BackendError(f"sglang /generate: {e}") from None
+  return engine_generation("sglang /generate", ids, logprobs, kind, version)
 
 
 class SGLangBackend(HttpBackend):

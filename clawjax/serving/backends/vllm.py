@@ -19,7 +19,8 @@ import contextlib
 from typing import Any
 
 from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams, StreamedTokens,
-                                           TokenSink, ids_json_text, register_backend)
+                                           TokenSink, engine_generation, ids_json_text,
+                                           register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 
@@ -100,10 +101,7 @@ def _choice(answer: Any) -> tuple[list[Any], list[Any], str | None]:
 def _generation(ids: list[Any], logprobs: list[Any], finish: str | None) -> Generation:
   if finish not in ("stop", "length"):
     raise BackendError(f"vllm /v1/completions: finish_reason {finish!r}", status=503)
-  try:
-    return Generation(tuple(ids), tuple(logprobs), finish, None)
-  except ValueError as e:
-    raise BackendError(f"vllm /v1/completions: {e}") from None
+  return engine_generation("vllm /v1/completions", ids, logprobs, finish)
 
 
 @register_backend("vllm")
