@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+
 import orjson
 import uvloop
 
@@ -103,30 +104,33 @@ class _Hop:
     orjson.loads(answer)  # (As the aiohttp hop parses it.)
     return _response(b"text/event-stream", _EVENTS)
 
-  def connection(self) -> _MessageReader:
-    hop = self
 
-    class Connection(_MessageReader):
-      def on_message(self, first_line: bytes, body: bytes) -> None:
-        path = first_line.split(b" ")[1]
-        if path.startswith(b"/v1/messages"):
-          asyncio.ensure_future(hop.forward()).add_done_callback(self.reply)
-          return
-        if path == b"/configure":
-          hop.payload = body
-        self.transport.write(_response(b"application/json", b"{}"))
+class _ClientConnection(_MessageReader):
+  """One connection from the benchmark's client."""
 
-      def reply(self, forwarded: asyncio.Future) -> None:
-        if forwarded.exception() is None:
-          self.transport.write(forwarded.result())
-        else:  # The client sees the failure as a dropped connection.
-          self.transport.close()
+  def __init__(self, hop: _Hop):
+    super().__init__()
+    self.hop = hop
 
-    return Connection()
+  def on_message(self, first_line: bytes, body: bytes) -> None:
+    path = first_line.split(b" ")[1]
+    if path.startswith(b"/v1/messages"):
+      asyncio.ensure_future(self.hop.forward()).add_done_callback(self.reply)
+      return
+    if path == b"/configure":
+      self.hop.payload = body
+    self.transport.write(_response(b"application/json", b"{}"))
+
+  def reply(self, forwarded: asyncio.Future) -> None:
+    if forwarded.exception() is None:
+      self.transport.write(forwarded.result())
+    else:  # The client sees the failure as a dropped connection.
+      self.transport.close()
 
 
 async def serve(port: int, engine_port: int) -> None:
-  await asyncio.get_running_loop().create_server(_Hop(engine_port).connection, "127.0.0.1", port)
+  hop = _Hop(engine_port)
+  await asyncio.get_running_loop().create_server(lambda: _ClientConnection(hop), "127.0.0.1", port)
   await asyncio.Event().wait()  # Until terminated.
 
 

@@ -7,15 +7,15 @@ tokens) is prefilled and a reply of random tokens is sampled, which the harness 
 answer. (SmolLM2, the real weights on this machine, has an 8K context: too short for these prompts.)
 
 The reply is cut at the shim's --max-new-tokens, below what the harness asked for. OpenClaw shows it
-truncated and stops. Claude Code re-sends the conversation with the cut reply echoed and a "Output token
-limit hit. Resume directly" reminder, three times, then gives up ("response exceeded the 128000 output
-token maximum"): its later calls each echo every earlier reply, random tokens in many scripts that
-re-tokenising would not reproduce.
+truncated and stops. Claude Code re-sends the conversation with the cut reply echoed and an "Output
+token limit hit. Resume directly" reminder, three times, then gives up ("response exceeded the 128000
+output token maximum"): its later calls each echo every earlier reply, random tokens in many scripts
+that re-tokenising would not reproduce.
 
 Checked: the rollout ends with every call logged and ok, each echoed reply spliced back as the ids the
-engine sampled (zero drift); each call's log-probs are the engine's, against an independent reference:
-a full forward pass of the same model (same preset, same seed) over the logged input + output ids,
-without the engine's KV cache, chunked prefill or sampler.
+engine sampled (zero drift); the log-probs of the first and the last call are the engine's, against an
+independent reference: a full forward pass of the same model (same preset, same seed) over the logged
+input + output ids, without the engine's KV cache, chunked prefill or sampler.
 """
 
 import contextlib
