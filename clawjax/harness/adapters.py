@@ -37,6 +37,12 @@ class HarnessOptions:
   claude_max_retries: int = 2
   # OpenClaw model entry maxTokens (the shim caps generations server-side anyway).
   openclaw_max_tokens: int = 8192
+  # Prompt + generation tokens the model takes. None: the shim's limit, from its POST /rollouts answer
+  # (what `run_rollout` fills in); smaller makes the harness compact earlier. Told to Claude Code
+  # (CLAUDE_CODE_MAX_CONTEXT_TOKENS) and OpenClaw (the model's contextWindow): for a model name they
+  # do not know, Claude Code assumes 1M tokens and OpenClaw its own default, so neither would compact
+  # before the shim's "prompt is too long", on which both end the run.
+  context_window: int | None = None
   # Extra `--flag value` arguments for the mini harness (see `python -m clawjax.harness.mini --help`).
   mini_args: tuple[str, ...] = ()
 
@@ -109,6 +115,9 @@ class ClaudeCode(Adapter):
         "DISABLE_AUTOUPDATER": "1", "IS_SANDBOX": "1",
         "CLAUDE_CODE_MAX_RETRIES": str(options.claude_max_retries), "PATH": _path_env(exe.parent),
     }
+    if options.context_window is not None:
+      # Auto-compaction then starts once the context passes this less its summary reserve (20K).
+      env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(options.context_window)
     argv = [str(exe), "-p", prompt, "--dangerously-skip-permissions", "--output-format", "json",
             "--max-turns", str(options.max_turns), "--model", options.model]
     return HarnessCommand(argv, env, [install.CLAUDE_CODE.prefix()])
@@ -125,11 +134,13 @@ class OpenClaw(Adapter):
 
   def command(self, base_url, api_key, prompt, home, options):
     exe, node_bin = install.install_openclaw()
+    model = {"id": options.model, "name": options.model, "maxTokens": options.openclaw_max_tokens}
+    if options.context_window is not None:
+      model["contextWindow"] = options.context_window  # (It then trims tool results to fit.)
     config = {
         "models": {"providers": {"local": {
             "baseUrl": base_url.rstrip("/") + "/v1", "apiKey": api_key, "api": "openai-completions",
-            "models": [{"id": options.model, "name": options.model,
-                        "maxTokens": options.openclaw_max_tokens}]}}},
+            "models": [model]}}},
         "agents": {"defaults": {"model": {"primary": f"local/{options.model}"}}},
     }
     config_path = home / "openclaw.json5"

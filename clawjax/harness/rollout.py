@@ -161,7 +161,10 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
     workspace = make_workspace(task, rollout_dir)
     home = rollout_dir / "home"
     home.mkdir()
-    cmd = adapter.command(info["base_url"], info["api_key"], task.prompt, home, config.harness)
+    options = config.harness
+    if options.context_window is None:
+      options = dataclasses.replace(options, context_window=info.get("context_window"))
+    cmd = adapter.command(info["base_url"], info["api_key"], task.prompt, home, options)
     port = urllib.parse.urlsplit(info["base_url"]).port
     run = sandbox.run(sandbox.SandboxSpec(
         argv=cmd.argv, workspace=workspace, home=home, env=cmd.env, timeout_s=config.timeout_s,

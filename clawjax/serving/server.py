@@ -4,7 +4,8 @@ Routes (every model route also exists under the per-rollout prefix `/r/{rollout_
 `POST /rollouts` hands out as `base_url`; without the prefix the rollout is found by its key alone):
   POST /v1/messages[?beta=true]     Anthropic Messages      POST /v1/messages/count_tokens
   POST /v1/chat/completions         OpenAI Chat Completions GET  /v1/models
-  POST /rollouts {task_id, harness[, rollout_id]} -> {rollout_id, base_url, openai_base_url, api_key}
+  POST /rollouts {task_id, harness[, rollout_id]}
+      -> {rollout_id, base_url, openai_base_url, api_key, log_path, context_window}
   POST /rollouts/{id}/finish        GET /rollouts/{id}      GET /health
 
 A call: authenticate (401, nothing written) -> read the body under a size limit (413) -> validate (400)
@@ -58,8 +59,10 @@ class ShimConfig:
   port: int = 0  # 0: any free port.
   max_new_tokens: int = 8192  # The paper's recipe; Claude Code asks for 32K-128K.
   # Prompt + generation budget; longer prompts get "prompt is too long". An engine that tells a smaller
-  # limit of its own (vLLM's --max-model-len, the embedded engine's max_seq_len) sets it instead.
-  max_context: int = 32768
+  # limit of its own (vLLM's --max-model-len, the embedded engine's max_seq_len) sets it instead. The
+  # paper's 64K: Claude Code, told this window, compacts from the window less 33K tokens on (its output
+  # and summary reserves), so at 32K it would compact after every tool call.
+  max_context: int = 65536
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = -1
@@ -199,14 +202,18 @@ class ShimServer:
 
   # ---- admin API
 
-  def create_rollout(self, task_id: str, harness: str, rollout_id: str | None = None) -> dict[str, str]:
-    """In-process form of POST /rollouts."""
+  async def create_rollout(self, task_id: str, harness: str, rollout_id: str | None = None
+                           ) -> dict[str, Any]:
+    """In-process form of POST /rollouts. `context_window` is the prompt + generation limit the shim
+    enforces (`_max_context`): a harness compacts in time only if it knows it (the harness adapters
+    pass it on), since a model name it does not recognise gets a window of up to 1M tokens."""
     profile = self.profiles.get(harness) or profile_for(harness)
     rollout = self.registry.create(task_id, harness, profile, PromptBuilder(self.template),
                                    rollout_id)
     base = f"{self.url}/r/{rollout.rollout_id}"
     return {"rollout_id": rollout.rollout_id, "base_url": base, "openai_base_url": base + "/v1",
-            "api_key": rollout.api_key, "log_path": rollout.writer.path}
+            "api_key": rollout.api_key, "log_path": rollout.writer.path,
+            "context_window": await self._max_context()}
 
   async def _create_rollout(self, request: web.Request) -> web.Response:
     try:
@@ -217,7 +224,7 @@ class ShimServer:
       for k, val in fields.items():
         if (val is not None or k != "rollout_id") and not isinstance(val, str):
           raise ValueError(f"field {k!r} must be a string")
-      return _json_response(self.create_rollout(**fields))
+      return _json_response(await self.create_rollout(**fields))
     except web.HTTPRequestEntityTooLarge:
       return _json_response({"error": "request body too large"}, 413)
     except ValueError as e:
@@ -466,10 +473,8 @@ class ShimThread:
     return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
   def create_rollout(self, task_id: str, harness: str, rollout_id: str | None = None
-                     ) -> dict[str, str]:
-    async def create():
-      return self.server.create_rollout(task_id, harness, rollout_id)
-    return self.run(create())
+                     ) -> dict[str, Any]:
+    return self.run(self.server.create_rollout(task_id, harness, rollout_id))
 
   def finish_rollout(self, rollout_id: str) -> dict[str, Any] | None:
     async def finish():

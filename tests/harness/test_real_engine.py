@@ -54,9 +54,10 @@ def engine_run(request, template, hello_task, tmp_path_factory):
   except install.NpmUnreachable as e:
     pytest.skip(f"npm unreachable, cannot install {name}: {e}")
   tmp = tmp_path_factory.mktemp(name)
-  backend = create_backend("embedded", model=MODEL, init_seed=SEED, max_slots=2, max_seq_len=32768,
+  # The paper's 64K window (the shim's default), below which Claude Code compacts after every call.
+  backend = create_backend("embedded", model=MODEL, init_seed=SEED, max_slots=2, max_seq_len=65536,
                            prefill_chunk=2048)
-  config = ShimConfig(log_dir=str(tmp / "logs"), max_new_tokens=MAX_NEW_TOKENS, max_context=32768,
+  config = ShimConfig(log_dir=str(tmp / "logs"), max_new_tokens=MAX_NEW_TOKENS,
                       incremental_stream=incremental)
   rollout_config = RolloutConfig(timeout_s=600, settle_interval_s=0.2, work_root=str(tmp / "work"),
                                  harness=HarnessOptions(max_turns=2, timeout_s=540))

@@ -24,6 +24,7 @@ def test_rollout_lifecycle_over_http(make_shim):
   assert status == 200 and r["rollout_id"] == "my-rollout.1"
   assert r["base_url"] == shim.url + "/r/my-rollout.1"
   assert r["openai_base_url"] == r["base_url"] + "/v1"
+  assert r["context_window"] == 65536  # --max-context (the scripted policy has no limit of its own)
   c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
   c.messages.create(model="m", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
   c.messages.create(model="m", max_tokens=10, system="You are Claude Code.", messages=[

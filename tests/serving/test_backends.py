@@ -236,9 +236,10 @@ def test_claude_code_profile_roles():
 
 
 def test_an_engine_with_a_shorter_context_sets_the_limit(make_shim, template, tmp_path):
-  # The shim allows 32K, vLLM was started with less: generations are capped to fit the engine, and a
-  # prompt past its limit gets the API's "prompt is too long" (harnesses compact on it), not a 500 on
-  # every call; nothing of it reaches the engine or the log.
+  # The shim allows 32K, vLLM was started with less: rollouts are told the engine's window (which the
+  # harness adapters pass on, so harnesses compact in time), generations are capped to fit it, and a
+  # prompt past it gets the API's "prompt is too long", not a 500 on every call; nothing of it reaches
+  # the engine or the log.
   import openai
   policy, seen = ScriptedBackend(template, [FINAL_TURN]), []
   short = template.render([Message("user", "hi")])
@@ -247,6 +248,7 @@ def test_an_engine_with_a_shorter_context_sets_the_limit(make_shim, template, tm
     shim = make_shim(None, backend=create_backend("vllm", url=engine.url, model="qwen3"),
                      max_context=32768)
     r = shim.create_rollout("t", "openclaw")
+    assert r["context_window"] == limit
     c = openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0)
     assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]) \
         .choices[0].message.content == FINAL_TURN.text
