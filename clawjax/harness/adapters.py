@@ -116,7 +116,7 @@ class ClaudeCode(Adapter):
         "CLAUDE_CODE_MAX_RETRIES": str(options.claude_max_retries), "PATH": _path_env(exe.parent),
     }
     if options.context_window is not None:
-      # Auto-compaction then starts once the context passes this less its summary reserve (20K).
+      # It then compacts once the context passes this less 33K (its output and summary reserves).
       env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] = str(options.context_window)
     argv = [str(exe), "-p", prompt, "--dangerously-skip-permissions", "--output-format", "json",
             "--max-turns", str(options.max_turns), "--model", options.model]

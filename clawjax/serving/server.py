@@ -207,13 +207,13 @@ class ShimServer:
     """In-process form of POST /rollouts. `context_window` is the prompt + generation limit the shim
     enforces (`_max_context`): a harness compacts in time only if it knows it (the harness adapters
     pass it on), since a model name it does not recognise gets a window of up to 1M tokens."""
+    window = await self._max_context()  # (First: nothing is registered before the last await.)
     profile = self.profiles.get(harness) or profile_for(harness)
     rollout = self.registry.create(task_id, harness, profile, PromptBuilder(self.template),
                                    rollout_id)
     base = f"{self.url}/r/{rollout.rollout_id}"
     return {"rollout_id": rollout.rollout_id, "base_url": base, "openai_base_url": base + "/v1",
-            "api_key": rollout.api_key, "log_path": rollout.writer.path,
-            "context_window": await self._max_context()}
+            "api_key": rollout.api_key, "log_path": rollout.writer.path, "context_window": window}
 
   async def _create_rollout(self, request: web.Request) -> web.Response:
     try:
