@@ -4,7 +4,11 @@ task's checker, and reading a rollout's call log back as a filtered tree."""
 import contextlib
 import json
 
+import pytest
+
 from clawjax import calllog
+from clawjax.harness import install
+from clawjax.harness.adapters import get_adapter
 from clawjax.serving.backends.scripted import ScriptedBackend
 from clawjax.serving.server import ShimConfig, ShimThread
 from clawjax.tree.filters import filter_rollout
@@ -15,6 +19,19 @@ f = ws / "hello.txt"
 print(json.dumps({"exists": float(f.is_file()),
                   "content": float(f.is_file() and f.read_text().strip() == "hello")}))
 """
+
+
+def install_or_skip(name: str) -> None:
+  """Installs harness `name` from npm, or skips the test where npm or its registry is unreachable."""
+  try:
+    get_adapter(name).install()
+  except install.NpmUnreachable as e:
+    pytest.skip(f"npm unreachable, cannot install {name}: {e}")
+
+
+def mode_id(param: tuple[str, bool]) -> str:
+  """The test id of a (harness, incremental stream) parameter."""
+  return param[0] + ("-incremental" if param[1] else "")
 
 
 def start_shim(stack: contextlib.ExitStack, template, log_dir, script, failures=None,

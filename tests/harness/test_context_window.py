@@ -1,14 +1,15 @@
-"""Real Claude Code and real OpenClaw at the shim's context limit (scripted policy standing for the model).
+"""Real Claude Code and real OpenClaw at the shim's context limit (a scripted policy for the model).
 
-The task's first tool call prints ~24K characters (`seq 1 5000`, ~21K tokens), which takes the
-conversation past the shim's --max-context. The shim tells its limit in the POST /rollouts answer and
-the adapters pass it on (README, "Context window"); without that, Claude Code takes the unknown model
-for a 1M-token one and never compacts, and on "prompt is too long" both harnesses end the run.
-
+The shim tells its limit in the POST /rollouts answer, and the adapters pass it on (README, "Context
+window"). The task's first tool call prints ~24K characters (`seq 1 5000`, ~21K tokens).
 - Claude Code (40K window) compacts by itself past the window less 33K tokens (its output and summary
   reserves), so after each tool result here: its summarising calls are logged with role "compaction"
-  and filtered out of the tree, and the main calls after them start from the summary. The script answers the compaction requests with a summary.
-- OpenClaw (30K window) trims the tool output to fit instead: every call fits, none is refused.
+  and filtered out of the tree, and the main calls after them start from the summary (the script
+  answers the compaction requests with one). Not told the window, it takes the unknown model for a
+  1M-token one and never compacts, until "prompt is too long" ends the run.
+- OpenClaw (30K window), for which the count takes the conversation past the limit, trims the tool
+  output to fit: every call fits, none is refused. Not told the window, it ends the run on the shim's
+  "prompt is too long".
 Both then write the file: the checker scores 1.
 """
 
@@ -17,12 +18,11 @@ import contextlib
 import pytest
 
 from clawjax.calllog import CallLogWriter
-from clawjax.harness import install
-from clawjax.harness.adapters import HarnessOptions, get_adapter
+from clawjax.harness.adapters import HarnessOptions
 from clawjax.harness.rollout import RolloutConfig, run_rollout
 from clawjax.serving.backends.scripted import ScriptTurn
 
-from tests.harness.helpers import decode_input, dumps, load_rollout, start_shim
+from tests.harness.helpers import decode_input, dumps, install_or_skip, load_rollout, start_shim
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -45,10 +45,7 @@ def _shell(tool: str, command: str):
 @pytest.fixture(scope="module", params=sorted(CASES))
 def limited_run(request, template, hello_task, tmp_path_factory):
   name = request.param
-  try:
-    get_adapter(name).install()
-  except install.NpmUnreachable as e:
-    pytest.skip(f"npm unreachable, cannot install {name}: {e}")
+  install_or_skip(name)
   window, tool, script = CASES[name]
   tmp = tmp_path_factory.mktemp(name)
   with contextlib.ExitStack() as stack:
@@ -77,7 +74,8 @@ def test_claude_code_compacts_and_openclaw_trims(limited_run, template):
   name, window, _, calls, _, tree = limited_run
   if name == "claude_code":
     assert [c.role for c in calls] == ["main", "compaction", "main", "compaction", "main"]
-    assert [tree.reasons[i] for i in range(5)] == ["train", "compaction", "train", "compaction", "train"]
+    assert [tree.reasons[i] for i in range(5)] == ["train", "compaction", "train", "compaction",
+                                                   "train"]
     # The main calls after a compaction start from its summary, not from the whole history.
     assert all(len(calls[i].input_ids) < len(calls[1].input_ids) // 2 for i in (2, 4))
     assert "seq 1 5000` has run" in decode_input(template, calls[2].input_ids)

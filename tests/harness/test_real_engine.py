@@ -27,14 +27,13 @@ import pytest
 
 from clawjax.calllog import CallLogWriter
 from clawjax.engine.loading import load_model
-from clawjax.harness import install
-from clawjax.harness.adapters import HarnessOptions, get_adapter
+from clawjax.harness.adapters import HarnessOptions
 from clawjax.harness.rollout import RolloutConfig, run_rollout
 from clawjax.models.model import causal_inputs
 from clawjax.serving.backends.base import create_backend
 from clawjax.serving.server import ShimConfig, ShimThread
 
-from tests.harness.helpers import dumps, load_rollout
+from tests.harness.helpers import dumps, install_or_skip, load_rollout, mode_id
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -46,13 +45,10 @@ MAX_NEW_TOKENS = 24
 # characters across tokens, and what the harness echoes back is what it was streamed.
 @pytest.fixture(scope="module",
                 params=[("claude_code", False), ("claude_code", True), ("openclaw", False)],
-                ids=lambda p: p[0] + ("-incremental" if p[1] else ""))
+                ids=mode_id)
 def engine_run(request, template, hello_task, tmp_path_factory):
   name, incremental = request.param
-  try:
-    get_adapter(name).install()
-  except install.NpmUnreachable as e:
-    pytest.skip(f"npm unreachable, cannot install {name}: {e}")
+  install_or_skip(name)
   tmp = tmp_path_factory.mktemp(name)
   # The paper's 64K window (the shim's default), below which Claude Code compacts after every call.
   backend = create_backend("embedded", model=MODEL, init_seed=SEED, max_slots=2, max_seq_len=65536,

@@ -12,12 +12,12 @@ import contextlib
 import pytest
 
 from clawjax.calllog import CallLogWriter
-from clawjax.harness import install, sandbox
+from clawjax.harness import sandbox
 from clawjax.harness.adapters import HarnessOptions, get_adapter
 from clawjax.harness.rollout import RolloutConfig, run_rollout
 from clawjax.serving.backends.scripted import ScriptTurn
 
-from tests.harness.helpers import dumps, load_rollout, start_shim
+from tests.harness.helpers import dumps, install_or_skip, load_rollout, mode_id, start_shim
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
@@ -31,15 +31,12 @@ FAILED_CALL = 1  # the backend's second generate call fails with 500
 
 @pytest.fixture(scope="module", params=[(name, incremental) for name in sorted(SHELL_CALL)
                                         for incremental in (False, True)],
-                ids=lambda p: p[0] + ("-incremental" if p[1] else ""))
+                ids=mode_id)
 def harness_run(request, template, hello_task, tmp_path_factory):
   # incremental: the shim streams text while the (scripted) model samples it, a token per 3 ms, and
   # the injected failure comes mid-stream (an SSE error event after 5 tokens), not as an HTTP 500.
   name, incremental = request.param
-  try:
-    get_adapter(name).install()
-  except install.NpmUnreachable as e:
-    pytest.skip(f"npm unreachable, cannot install {name}: {e}")
+  install_or_skip(name)
   tmp = tmp_path_factory.mktemp(name)
   script = [ScriptTurn(text="I will write the file.", tool_calls=(SHELL_CALL[name],)),
             ScriptTurn(text="Done: hello.txt contains hello.")]
