@@ -207,7 +207,7 @@ class ShimServer:
     """In-process form of POST /rollouts. `context_window` is the prompt + generation limit the shim
     enforces (`_max_context`): a harness compacts in time only if it knows it (the harness adapters
     pass it on), since a model name it does not recognise gets a window of up to 1M tokens."""
-    window = await self._max_context()  # (First: nothing is registered before the last await.)
+    window = await self._max_context()  # (Before registering: a failure here leaves no rollout.)
     profile = self.profiles.get(harness) or profile_for(harness)
     rollout = self.registry.create(task_id, harness, profile, PromptBuilder(self.template),
                                    rollout_id)
