@@ -125,7 +125,7 @@ def test_vllm_two_call_conversation_splices_the_sampled_turn(make_shim, vllm):
 @pytest.mark.slow
 def test_vllm_context_limit_is_the_engines_when_shorter(make_shim, vllm):
   """The shim allows 32K, vLLM serves 2048 (--max-model-len): a prompt near the limit still gets a
-  (shortened) generation, one past it the API's context error, which makes harnesses compact."""
+  (shortened) generation, one past it the API's context error (on which the mini harness compacts)."""
   _, r, c = _rollout(make_shim, vllm, max_context=32768, max_new_tokens=8192)
   near = [{"role": "user", "content": "Summarise: " + "the cat sat on the mat. " * 275}]
   c.chat.completions.create(model="m", messages=near)

@@ -167,9 +167,9 @@ class Backend(abc.ABC):
 
   async def context_length(self) -> int | None:
     """The engine's own limit on prompt + generated tokens, where it tells one (None: unknown). The
-    shim holds prompts and generations to the smaller of this and its --max-context, so an engine
-    started with a shorter context answers with the API's "prompt is too long" (which makes harnesses
-    compact) instead of an engine error on every call."""
+    shim holds prompts and generations to the smaller of this and its --max-context (and tells each
+    rollout that window, for its harness), so an engine started with a shorter context answers with
+    the API's "prompt is too long" instead of an engine error on every call."""
     return None
 
   async def close(self) -> None:
