@@ -148,5 +148,9 @@ def test_layouts_agree_on_packed_agent_rollouts():
   learner = Learner(LearnerConfig(normalisation="paths", logits_chunk=64), make_policy())
   loss_t, grads_t, _ = learner.loss_and_grads(tree)
   loss_p, grads_p, _ = learner.loss_and_grads(paths)
-  assert abs(loss_t - loss_p) <= TOL * abs(loss_p)
+  # A group of two has advantages +1 and -1, so the loss is a cancellation of terms of both signs; its
+  # float32 error is relative to the sum of their magnitudes (the loss of the same batch with |A|, as
+  # every ratio is 1 here), not to the small difference that remains.
+  magnitude = abs(learner.loss_and_grads(dataclasses.replace(paths, advantages_RT=abs(paths.advantages_RT)))[0])
+  assert abs(loss_t - loss_p) <= TOL * magnitude
   assert rel_diff(grads_t, grads_p) < TOL
