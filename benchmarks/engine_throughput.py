@@ -25,7 +25,7 @@ import numpy as np
 
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.serving.backends.base import SamplingParams
-from clawjax.engine.loading import load_model
+from clawjax.models.loading import load_model
 
 
 def _progress(message: str) -> None:

@@ -66,6 +66,7 @@ def get_config() -> config_dict.ConfigDict:
   c.learner.logits_chunk = 128
 
   c.sft = config_dict.ConfigDict()
+  c.sft.demonstrator = "clawjax.data.quickstart.demonstrator:ChoiceDemonstrator"
   c.sft.steps = 100
   c.sft.lr = 3e-3
   c.sft.demos_per_task = 16

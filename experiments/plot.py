@@ -8,7 +8,7 @@ TIS-truncation fractions, grad norm) from WORKDIR/metrics.jsonl.
 
 from absl import app, flags
 
-from clawjax.rl.loop_plot import plot_run
+from clawjax.train.plots import plot_run
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory holding metrics.jsonl", required=True)
 _OUT = flags.DEFINE_string("out", None, "where to write the PNGs (default: the run directory)")

@@ -5,5 +5,4 @@
   sampling.py     greedy / temperature / top-k / top-p sampling and the log-prob convention
   prefix_cache.py which token prefix each cache slot still holds
   server.py       SGLang's native HTTP protocol (`python -m clawjax.engine --model ... --port ...`)
-  loading.py      `--model` presets and HF safetensors directories
 """

@@ -9,7 +9,7 @@ import logging
 from aiohttp import web
 
 from clawjax.engine.engine import Engine, EngineConfig
-from clawjax.engine.loading import load_model, load_weights
+from clawjax.models.loading import load_model, load_weights
 from clawjax.engine.server import EngineServer
 
 

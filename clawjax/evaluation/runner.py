@@ -7,12 +7,11 @@
 2. `workdir/run.json` pins what the directory evaluates; resuming with another benchmark, harness,
    model label or task source is an error. Rollouts already in `results.jsonl` are skipped unless
    their last status is in `rerun_statuses` (by default only infrastructure failures are redone).
-3. The shim: `shim_url` connects to a running one; otherwise one is started in this process with the
-   configured backend (call logs in `workdir/calls/`), or with a `backend` the caller passes (a
-   trainer's engine, or a scripted policy in tests).
-4. Rollouts run `concurrency` at a time (clawjax.harness.rollout.run_rollout), each reported to
-   `results.jsonl` as it finishes, with a progress bar; an unexpected exception in one rollout is
-   recorded as "failed" for that rollout only.
+3. The policy session (clawjax.run.session, as in training): `shim_url` connects to a running shim;
+   otherwise one is started in this process in front of the configured engine (call logs in
+   `workdir/calls/`), or of a `backend` the caller passes (a scripted policy in tests).
+4. Rollouts run `concurrency` at a time, each reported to `results.jsonl` as it finishes, with a
+   progress bar.
 5. `summary.md` / `summary.json` (report.py) are rewritten from the results.
 """
 
@@ -23,41 +22,22 @@ import dataclasses
 import json
 import logging
 import pathlib
-import re
-import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
 from clawjax.evaluation.config import EvalConfig
 from clawjax.evaluation.results import ResultsError, ResultsWriter, TaskResult, latest, load_results
-from clawjax.harness.pool import run_concurrently
-from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
-from clawjax.serving.backends.base import Backend, create_backend
-from clawjax.serving.server import ShimThread
-from clawjax.tasks import task as task_lib
-from clawjax.tasks.task import Task
-from clawjax.text.templates import load_template
+from clawjax.harness.rollout import RolloutConfig, RolloutOutcome
+from clawjax.run.session import PolicySession, RolloutJob
+from clawjax.serving.backends.base import Backend
+from clawjax.tasks import Task, select_tasks
 
 log = logging.getLogger(__name__)
 
 
 class EvalError(RuntimeError):
   pass
-
-
-def select_tasks(config: EvalConfig) -> list[Task]:
-  try:
-    tasks = task_lib.select_tasks(config.tasks, config.task_ids)
-  except ValueError as e:  # An unknown id is the user's config: eval.py prints it without a trace.
-    raise EvalError(str(e)) from None
-  if config.max_tasks:
-    tasks = tasks[:config.max_tasks]
-  ids = [t.task_id for t in tasks]
-  if len(set(ids)) != len(ids):
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    raise EvalError(f"{config.tasks}: task ids {dup[:5]} occur more than once")
-  return tasks
 
 
 def run_info(config: EvalConfig) -> report.RunInfo:
@@ -78,32 +58,6 @@ def _pin_run_info(workdir: pathlib.Path, info: report.RunInfo) -> None:
                     "use another --workdir")
 
 
-@contextlib.contextmanager
-def shim_session(config: EvalConfig, log_dir: pathlib.Path,
-                 backend: Backend | None = None) -> Iterator[str]:
-  """The shim's root URL: `config.shim_url`, or an in-process shim started for the block."""
-  if config.shim_url:
-    yield config.shim_url
-    return
-  engine = config.engine
-  template = load_template(engine.template or engine.model, engine.template_family)
-  if backend is None:
-    options = dict(engine.options)
-    if engine.backend == "scripted":
-      options["template"] = template  # the script is rendered with the shim's own template
-    backend = create_backend(engine.backend, url=engine.url, model=engine.model, **options)
-  shim_config = dataclasses.replace(config.shim, log_dir=str(log_dir))
-  with ShimThread(shim_config, backend, template) as shim:
-    log.info("shim (%s backend) at %s, call logs in %s", engine.backend, shim.url, log_dir)
-    yield shim.url
-
-
-def _rollout_id(task_id: str, sample: int) -> str:
-  """Readable and unique across reruns (the shim refuses an id whose log already exists)."""
-  stem = re.sub(r"[^A-Za-z0-9._-]+", "_", task_id)[:80].lstrip("._-") or "task"
-  return f"{stem}-s{sample}-{secrets.token_hex(4)}"
-
-
 def to_result(task: Task, sample: int, harness: str, outcome: RolloutOutcome) -> TaskResult:
   rec, extra = outcome.record, outcome.record.extra
   score = extra.get("score") or {}
@@ -118,33 +72,20 @@ def to_result(task: Task, sample: int, harness: str, outcome: RolloutOutcome) ->
       rollout_dir=str(outcome.rollout_dir) if outcome.rollout_dir else None)
 
 
-def rollout_config(config: EvalConfig, task: Task) -> RolloutConfig:
-  """The rollout settings for `task`: with `task_timeouts`, its own wall clock where it has one."""
+def rollout_config(config: EvalConfig, task: Task) -> RolloutConfig | None:
+  """The rollout settings for `task` when not the run's: with `task_timeouts`, its own wall clock
+  where it has one."""
   if not (config.task_timeouts and task.timeout_s):
-    return config.rollout
+    return None
   return dataclasses.replace(config.rollout, timeout_s=task.timeout_s, harness=dataclasses.replace(
       config.rollout.harness, timeout_s=task.timeout_s))
 
 
-def _run_one(shim_url: str, task: Task, sample: int, config: EvalConfig,
-             writer: CallLogWriter) -> TaskResult:
-  rollout_id = _rollout_id(task.task_id, sample)
-  try:
-    outcome = run_rollout(shim_url, task, config.harness, rollout_config(config, task), writer,
-                          rollout_id)
-    return to_result(task, sample, config.harness, outcome)
-  except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
-    log.exception("rollout %s of task %s crashed", rollout_id, task.task_id)
-    return TaskResult(task_id=task.task_id, sample=sample, category=task.category,
-                      harness=config.harness, status="failed", code_score=None, rubric_score=None,
-                      final_score=None, rollout_id=rollout_id, calls=0, input_tokens=0,
-                      output_tokens=0, wall_s=0.0, error=f"{type(e).__name__}: {e}")
-
-
 def pending(tasks: Sequence[Task], config: EvalConfig,
-            done: dict[tuple[str, int], TaskResult]) -> list[tuple[Task, int]]:
+            done: dict[tuple[str, int], TaskResult]) -> list[RolloutJob]:
   """The (task, sample) rollouts still to run."""
-  return [(t, s) for t in tasks for s in range(config.num_samples)
+  return [RolloutJob(t, config.harness, s, rollout_config(config, t)) for t in tasks
+          for s in range(config.num_samples)
           if (t.task_id, s) not in done or done[(t.task_id, s)].status in config.rerun_statuses]
 
 
@@ -155,7 +96,10 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   info = run_info(config)
   _pin_run_info(workdir, info)
-  tasks = select_tasks(config)
+  try:
+    tasks = select_tasks(config.tasks, config.task_ids, config.max_tasks)
+  except ValueError as e:  # the user's config (an unknown or duplicate id): eval.py prints it without a trace
+    raise EvalError(str(e)) from None
   results_path = workdir / report.RESULTS_FILE
   done = latest(load_results(results_path))
   jobs = pending(tasks, config, done)
@@ -163,17 +107,17 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
            config.num_samples, len(jobs), len(tasks) * config.num_samples - len(jobs))
   if jobs:
     with contextlib.ExitStack() as stack:
-      shim_url = stack.enter_context(shim_session(config, workdir / report.CALLS_DIR, backend))
+      session = stack.enter_context(PolicySession(config, workdir / report.CALLS_DIR, backend=backend,
+                                                  shim_url=config.shim_url))
       results = stack.enter_context(ResultsWriter(results_path))
       rollouts = stack.enter_context(CallLogWriter(workdir / report.ROLLOUTS_FILE))
 
-      def record(result: TaskResult) -> None:
+      def record(job: RolloutJob, outcome: RolloutOutcome) -> None:
+        result = to_result(job.task, job.index, config.harness, outcome)
         results.write(result)
         done[result.key] = result
 
-      run_concurrently(lambda job: _run_one(shim_url, job[0], job[1], config, rollouts), jobs,
-                       config.concurrency, on_result=record, desc=f"eval {config.harness}",
-                       progress=config.progress, score=lambda r: r.final_score, status=lambda r: r.status)
+      session.run(jobs, rollouts, label="eval", desc=f"eval {config.harness}", on_result=record)
   wanted = {(t.task_id, s) for t in tasks for s in range(config.num_samples)}
   run = report.Run(str(workdir), info, [r for k, r in done.items() if k in wanted])
   if len(run.results) != len(wanted):

@@ -1,42 +1,28 @@
-"""Advantages: GRPO group normalisation (paper Eq. 1) and branch-local PPO advantages (Eq. 2).
+"""Advantages: GRPO group normalisation (paper Eq. 1), and what branch-local PPO advantages (Eq. 2) are.
 
 GRPO: A_i = (R_i - mean_g) / (std_g + eps) over the rollouts of group g = one (task_id, harness) pair,
 so the same task under two harnesses forms two groups and groups never mix harnesses. std is the
 population standard deviation (ddof=0): the group is the whole set being normalised, not a sample of
 a larger one, and it stays defined for a group of one. (Libraries that use the sample std, ddof=1,
-give advantages larger by sqrt(n / (n - 1)): 7% for n = 8.) A group of one rollout, or one whose
+divide by a larger std and so give advantages smaller by the factor sqrt((n - 1) / n): 6.5% smaller
+for n = 8.) A group of one rollout, or one whose
 rewards are all equal, carries no learning signal: its advantages are exactly 0 and it is counted.
 
 PPO with gamma = lambda = 1: the GAE sum of TD errors along a trajectory telescopes to
-A_t = R - V(s_t), with returns = R. V(s_t) is the critic's value of the state in which token t was
-sampled, i.e. read at the position that predicts t (`parent_index`). In the tree layout that state is
-the token's root-to-parent path, so no sibling branch enters it: advantages never cross a branch point.
+A_t = R - V(s_t), with returns = R. The learner computes it in the `ppo` loss (clawjax.rl.losses) from
+V(s_t), the critic's value of the state in which token t was sampled, read at the position that
+predicts t (`parent_index`). In the tree layout that state is the token's root-to-parent path, so no
+sibling branch enters it: advantages never cross a branch point.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 
 import numpy as np
 
 from clawjax.calllog import RolloutRecord
-from clawjax.tree.batch import PackedBatch
-
-
-@dataclasses.dataclass
-class RolloutScores:
-  """Per-rollout reward, group and advantage (suffix _N), for the rollouts that can be trained."""
-  rollout_ids: list[str]
-  group_ids_N: np.ndarray          # int32 index into `groups`
-  rewards_N: np.ndarray            # float32
-  advantages_N: np.ndarray         # float32 GRPO advantage
-  groups: list[tuple[str, str]]    # (task_id, harness) of each group
-  singleton_groups: int            # groups with one rollout (A = 0)
-  zero_variance_groups: int        # groups of >= 2 rollouts with equal rewards (A = 0)
-
-  def index(self) -> dict[str, int]:
-    return {rid: i for i, rid in enumerate(self.rollout_ids)}
+from clawjax.tree.batch import RolloutScores
 
 
 def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> RolloutScores:
@@ -67,13 +53,3 @@ def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> Rol
   return RolloutScores(rollout_ids=[r.rollout_id for r in ok], group_ids_N=group_ids,
                        rewards_N=rewards.astype(np.float32), advantages_N=advantages.astype(np.float32),
                        groups=groups, singleton_groups=singleton, zero_variance_groups=zero_var)
-
-
-def ppo_advantages(batch: PackedBatch, values_RT: np.ndarray) -> np.ndarray:
-  """A_t = R - V(s_t) on loss tokens (0 elsewhere); `values_RT[r, i]` is the critic's output at row
-  position i, so V(s_t) is read at parent_index (the position that predicts token t)."""
-  if values_RT.shape != batch.shape:
-    raise ValueError(f"values_RT shape {values_RT.shape} differs from the batch shape {batch.shape}")
-  mask = batch.loss_mask_RT()
-  v = np.take_along_axis(values_RT, np.maximum(batch.parent_index_RT, 0), axis=1)
-  return np.where(mask, batch.returns_RT - v, 0.0).astype(np.float32)

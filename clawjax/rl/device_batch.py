@@ -32,18 +32,28 @@ class DeviceBatch:
   returns: np.ndarray       # [M, r, K] float32
 
 
+def _weight_RT(batch: PackedBatch, normalisation: str) -> np.ndarray:
+  return {"unique": batch.unique_weight_RT, "paths": batch.path_weight_RT}[normalisation]
+
+
+def loss_slots_needed(batch: PackedBatch, normalisation: str, chunk: int) -> int:
+  """The most loss tokens in a row of `batch`, rounded up to a multiple of `chunk` (at least one chunk)."""
+  most = int((_weight_RT(batch, normalisation) > 0).sum(axis=1).max(initial=0))
+  return -(-max(most, 1) // chunk) * chunk
+
+
 def prepare_batch(batch: PackedBatch, *, normalisation: str, micro_batches: int, row_multiple: int = 1,
                   chunk: int = 512, loss_slots: int | None = None) -> DeviceBatch:
-  """Compact and split `batch`. K = `loss_slots`, or the most loss tokens in a row rounded up to
-  `chunk` (fix it to avoid a recompile per batch shape)."""
-  weight_RT = {"unique": batch.unique_weight_RT, "paths": batch.path_weight_RT}[normalisation]
+  """Compact and split `batch`. K = `loss_slots`, or `loss_slots_needed` (a fixed K avoids a recompile
+  per batch shape)."""
+  weight_RT = _weight_RT(batch, normalisation)
   mask_RT = weight_RT > 0
   if (mask_RT & (batch.parent_index_RT < 0)).any():
     r, t = np.argwhere(mask_RT & (batch.parent_index_RT < 0))[0]
     raise ValueError(f"PackedBatch: loss token at row {r}, position {t} has parent_index -1")
   rows, length = batch.shape
   counts = mask_RT.sum(axis=1)
-  k = int(-(-max(int(counts.max(initial=0)), 1) // chunk) * chunk) if loss_slots is None else loss_slots
+  k = loss_slots_needed(batch, normalisation, chunk) if loss_slots is None else loss_slots
   if counts.max(initial=0) > k:
     raise ValueError(f"a row has {counts.max()} loss tokens, more than loss_slots={k}")
   step = micro_batches * row_multiple

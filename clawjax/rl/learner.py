@@ -35,9 +35,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clawjax import sharding
 from clawjax.rl.config import LearnerConfig
-from clawjax.rl.device_batch import DeviceBatch, prepare_batch
+from clawjax.rl.device_batch import DeviceBatch, loss_slots_needed, prepare_batch
 from clawjax.rl.logprobs import gather_rows, token_logprobs
-from clawjax.rl.losses import TokenInputs, get_loss, tis_weights, value_loss
+from clawjax.rl.losses import TokenInputs, check_loss, tis_weights, value_loss
 from clawjax.rl.value import values_at
 from clawjax.tree.batch import PackedBatch
 
@@ -90,18 +90,17 @@ class Learner:
   def __init__(self, cfg: LearnerConfig, policy: nnx.Module, *, value: nnx.Module | None = None,
                mesh: Mesh | None = None, rules: Sequence[tuple[str, Any]] = sharding.DEFAULT_RULES):
     self.cfg = cfg
-    self.loss_spec = get_loss(cfg.loss)
+    self.loss_spec = check_loss(cfg, where="LearnerConfig")
     if (value is None) != (cfg.value.kind == "none"):
       raise ValueError(f"LearnerConfig.value.kind={cfg.value.kind!r} but value model "
                        f"{'missing' if value is None else 'given'}")
-    if self.loss_spec.needs_value and value is None:
-      raise ValueError(f"loss {cfg.loss!r} needs a value model: set LearnerConfig.value.kind")
     self.mesh = mesh or sharding.make_mesh(sharding.MeshConfig(data=1), jax.devices()[:1])
     self.policy_def, policy_params, self.policy_rest = nnx.split(policy, nnx.Param, ...)
     params = {"policy": policy_params}
     self.value_def = self.value_rest = None
     if value is not None:
       self.value_def, params["value"], self.value_rest = nnx.split(value, nnx.Param, ...)
+    self._loss_slots = cfg.logits_chunk
     self.tx = make_optimizer(cfg)
     self.value_tx = make_optimizer(cfg, lr=cfg.value.pretrain_lr)
 
@@ -137,11 +136,15 @@ class Learner:
 
   # ---- host API -------------------------------------------------------------------------------------
 
-  def prepare(self, batch: PackedBatch, loss_slots: int | None = None) -> DeviceBatch:
-    """Host-side: compact, pad and split a PackedBatch, then place it on the mesh."""
-    device_batch = prepare_batch(batch, normalisation=self.cfg.normalisation, micro_batches=self.cfg.micro_batches,
-                                 row_multiple=sharding.batch_shards(self.mesh), chunk=self.cfg.logits_chunk,
-                                 loss_slots=loss_slots)
+  def prepare(self, batch: PackedBatch) -> DeviceBatch:
+    """Host-side: compact, pad and split a PackedBatch, then place it on the mesh. The loss slots per
+    row only grow, to the most any batch so far needed (in logits_chunk steps), so that the step
+    compiles for a few shapes, not one per batch."""
+    cfg = self.cfg
+    self._loss_slots = max(self._loss_slots, loss_slots_needed(batch, cfg.normalisation, cfg.logits_chunk))
+    device_batch = prepare_batch(batch, normalisation=cfg.normalisation, micro_batches=cfg.micro_batches,
+                                 row_multiple=sharding.batch_shards(self.mesh), chunk=cfg.logits_chunk,
+                                 loss_slots=self._loss_slots)
     return jax.device_put(device_batch, self.batch_sharding)
 
   def step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
@@ -174,8 +177,13 @@ class Learner:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
   def policy_model(self) -> nnx.Module:
-    """The current policy as an NNX module (e.g. to export weights for the rollout engine)."""
+    """The current policy as an NNX module over the learner's own arrays (e.g. to export weights)."""
     return nnx.merge(self.policy_def, self.state.params["policy"], self.policy_rest)
+
+  def policy_copy(self) -> nnx.Module:
+    """The current policy with buffers of its own: the learner donates its state at every update, so
+    anything that outlives a step (the rollout engine's weights) must not hold the learner's arrays."""
+    return nnx.merge(self.policy_def, jax.tree.map(jnp.copy, self.state.params["policy"]), self.policy_rest)
 
   # ---- traced functions -----------------------------------------------------------------------------
 

@@ -9,17 +9,21 @@ extra term, and normalises by the global weight sum (clawjax.rl.learner). Adding
     ratio = jnp.exp(x.logp - x.logp_old)
     return LossTerms(policy=-ratio * x.advantages)
 
-then `LearnerConfig(loss="my_loss")`.
+then `LearnerConfig(loss="my_loss")`. A loss that reads an optional input (`values`, `logp_ref`) says so
+with `needs=`, and a config that leaves the input off is rejected when it is parsed. From outside the
+package: put the function in a module and name it in `--config.plugins=my_pkg.my_losses`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from clawjax.config import ConfigError
 from clawjax.rl.config import LearnerConfig
 
 
@@ -48,31 +52,52 @@ class LossTerms:
   metrics: dict[str, jax.Array] = dataclasses.field(default_factory=dict)
 
 
+# The optional TokenInputs a loss may need, and the LearnerConfig field (and test) that turns each on.
+OPTIONAL_INPUTS: dict[str, tuple[str, Callable[[LearnerConfig], bool], str]] = {
+    "values": ("value.kind", lambda cfg: cfg.value.kind != "none", "set it to 'shared' or 'separate'"),
+    "values_old": ("value.kind", lambda cfg: cfg.value.kind != "none", "set it to 'shared' or 'separate'"),
+    "logp_ref": ("kl_coef", lambda cfg: cfg.kl_coef > 0, "set it > 0 (log pi_ref is computed only then)"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class LossSpec:
   fn: Callable[[TokenInputs, LearnerConfig], LossTerms]
-  needs_value: bool = False
+  needs: frozenset[str] = frozenset()  # optional TokenInputs the loss reads (OPTIONAL_INPUTS)
 
 
 LOSSES: dict[str, LossSpec] = {}
 
 
-def register_loss(name: str, *, needs_value: bool = False):
+def register_loss(name: str, *, needs: Sequence[str] = ()):
   """Decorator: make `fn(inputs, config) -> LossTerms` available as LearnerConfig(loss=name)."""
+  unknown = sorted(set(needs) - set(OPTIONAL_INPUTS))
+  if unknown:
+    raise ValueError(f"register_loss({name!r}): needs={unknown} are not optional inputs {sorted(OPTIONAL_INPUTS)}")
 
   def wrap(fn):
     if name in LOSSES:
       raise ValueError(f"loss {name!r} is already registered")
-    LOSSES[name] = LossSpec(fn, needs_value)
+    LOSSES[name] = LossSpec(fn, frozenset(needs))
     return fn
 
   return wrap
 
 
-def get_loss(name: str) -> LossSpec:
-  if name not in LOSSES:
-    raise KeyError(f"LearnerConfig.loss={name!r} is not registered; known: {sorted(LOSSES)}")
-  return LOSSES[name]
+def check_loss(cfg: LearnerConfig, where: str = "config.learner") -> LossSpec:
+  """The registered loss of `cfg`; a ConfigError naming the field when it is unknown or when an input it
+  needs is off."""
+  if cfg.loss not in LOSSES:
+    close = difflib.get_close_matches(cfg.loss, list(LOSSES), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"{where}.loss: {cfg.loss!r} is not a registered loss {sorted(LOSSES)}{hint} "
+                      "(a loss of your own: --config.plugins=MODULE)")
+  spec = LOSSES[cfg.loss]
+  for name in sorted(spec.needs):
+    field, enabled, how = OPTIONAL_INPUTS[name]
+    if not enabled(cfg):
+      raise ConfigError(f"{where}.{field}: loss {cfg.loss!r} reads {name}, which is off; {how}")
+  return spec
 
 
 def tis_weights(logp_old: jax.Array, logp_rollout: jax.Array, c_bar: float) -> tuple[jax.Array, jax.Array]:
@@ -132,7 +157,7 @@ def value_loss(values: jax.Array, values_old: jax.Array, returns: jax.Array, cli
   return 0.5 * jnp.maximum(err, jnp.square(v_clipped - returns))
 
 
-@register_loss("ppo", needs_value=True)
+@register_loss("ppo", needs=("values", "values_old"))
 def ppo(x: TokenInputs, cfg: LearnerConfig) -> LossTerms:
   """Eq. 2 with branch-local GAE at gamma = lambda = 1: A_t = R - V_old(s_t), plus the value loss."""
   advantages = x.returns - x.values_old
@@ -141,3 +166,11 @@ def ppo(x: TokenInputs, cfg: LearnerConfig) -> LossTerms:
   metrics["value_loss"] = v_loss
   metrics["ppo_advantage"] = advantages
   return LossTerms(policy=loss, extra=cfg.value.coef * v_loss, metrics=metrics)
+
+
+@register_loss("sft")
+def sft(x: TokenInputs, cfg: LearnerConfig) -> LossTerms:
+  """Cross-entropy on demonstrated tokens (cold start). It goes in `extra`, which the TIS weight does not
+  scale: a demonstration has no sampling distribution to correct for."""
+  del cfg
+  return LossTerms(policy=jnp.zeros_like(x.logp), extra=-x.logp, metrics={"nll": -x.logp})

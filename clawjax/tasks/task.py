@@ -435,11 +435,12 @@ def split_loaded(items: Iterable[Task | TaskError]) -> tuple[list[Task], list[Ta
   return tasks, errors
 
 
-def select_tasks(path: str | os.PathLike[str], task_ids: Sequence[str] = ()) -> list[Task]:
-  """The loadable tasks under `path`, restricted to `task_ids` when given (in load order).
+def select_tasks(path: str | os.PathLike[str], task_ids: Sequence[str] = (), max_tasks: int = 0) -> list[Task]:
+  """The loadable tasks under `path`, restricted to `task_ids` when given (in load order), then to the
+  first `max_tasks` (0: all).
 
   Broken tasks are logged and skipped, so one never stops a run; an id in `task_ids` that no loaded
-  task has is a ValueError naming it.
+  task has, a task id that occurs twice, or nothing loadable left is a ValueError naming it.
   """
   tasks, broken = split_loaded(load_tasks(path))
   for err in broken:
@@ -449,4 +450,12 @@ def select_tasks(path: str | os.PathLike[str], task_ids: Sequence[str] = ()) -> 
     if missing:
       raise ValueError(f"config.task_ids: {missing} not among the {len(tasks)} loaded tasks of {path}")
     tasks = [t for t in tasks if t.task_id in set(task_ids)]
+  if max_tasks:
+    tasks = tasks[:max_tasks]
+  ids = [t.task_id for t in tasks]
+  if len(set(ids)) != len(ids):
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    raise ValueError(f"{path}: task ids {dup[:5]} occur more than once")
+  if not tasks:
+    raise ValueError(f"{path}: no loadable task")
   return tasks

@@ -65,3 +65,18 @@ class PackedBatch:
     """Tokens that enter the loss under either weighting (in the paths layout a repeated token has
     path_weight 1 but unique_weight 0)."""
     return (self.unique_weight_RT > 0) | (self.path_weight_RT > 0)
+
+
+@dataclasses.dataclass
+class RolloutScores:
+  """Per-rollout reward, group and advantage (suffix _N), for the rollouts that can be trained."""
+  rollout_ids: list[str]
+  group_ids_N: np.ndarray          # int32 index into `groups`
+  rewards_N: np.ndarray            # float32
+  advantages_N: np.ndarray         # float32 GRPO advantage
+  groups: list[tuple[str, str]]    # (task_id, harness) of each group
+  singleton_groups: int            # groups with one rollout (A = 0)
+  zero_variance_groups: int        # groups of >= 2 rollouts with equal rewards (A = 0)
+
+  def index(self) -> dict[str, int]:
+    return {rid: i for i, rid in enumerate(self.rollout_ids)}

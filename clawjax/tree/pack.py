@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from clawjax.rl.advantages import RolloutScores
-from clawjax.tree.batch import PackedBatch
+from clawjax.tree.batch import PackedBatch, RolloutScores
 from clawjax.tree.build import CallTree
 
 

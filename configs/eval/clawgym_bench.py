@@ -2,7 +2,7 @@ r"""Benchmark evaluation in the paper's setting (Table 1: ClawGym-Bench and Pinc
 
   python experiments/eval.py --config=configs/eval/clawgym_bench.py \
       --config.tasks=PATH/TO/ClawGym-Bench --config.harness=openclaw \
-      --config.engine.model=PATH/TO/Qwen3-30B-A3B --config.engine.url=http://127.0.0.1:30000 \
+      --config.model.init=PATH/TO/Qwen3-30B-A3B --config.engine.url=http://127.0.0.1:30000 \
       --config.model_label=Qwen3-30A3B --workdir=runs/eval/oc-qwen3-30a3b
 
 The PinchBench column: `--config=configs/eval/clawgym_bench.py:pinchbench
@@ -10,7 +10,7 @@ The PinchBench column: `--config=configs/eval/clawgym_bench.py:pinchbench
 harness transcript).
 
 The engine (SGLang by default; `--config.engine.backend=vllm` or `embedded` also work) must already
-serve `engine.model` at `engine.url`; the shim is started in-process in front of it. Hybrid tasks (44 of
+serve `model.init` at `engine.url`; the shim is started in-process in front of it. Hybrid tasks (44 of
 the 200) need the rubric judge: `--config.rollout.judge.url=... --config.rollout.judge.model=...`, key
 in $CLAWJAX_JUDGE_KEY; without it they count as `unscored` says. Rerunning the same command resumes.
 Set `model_label` to the paper's model name (e.g. ClawII-OC-30A3B) to see the paper's number next to
@@ -32,7 +32,7 @@ def get_config(benchmark: str = "clawgym_bench") -> config_dict.ConfigDict:
   c.tasks = config_dict.placeholder(str)  # ClawGym-Bench: 200 tasks, directory layout
   c.benchmark = _BENCHMARKS[benchmark]
   c.harness = "openclaw"  # paper: OpenClaw and Claude Code rows (adapter names openclaw, claude_code)
-  c.model_label = config_dict.placeholder(str)  # Table 1 row name; default: engine.model's base name
+  c.model_label = config_dict.placeholder(str)  # Table 1 row name; default: model.init's base name
   c.task_ids = ()  # () = every task
   c.max_tasks = 0  # 0 = every task
   c.num_samples = 1  # not published: rollouts per task (the score averages them)
@@ -45,11 +45,13 @@ def get_config(benchmark: str = "clawgym_bench") -> config_dict.ConfigDict:
   c.progress = True
   c.shim_url = config_dict.placeholder(str)  # connect to a running shim instead of starting one
 
+  c.model = config_dict.ConfigDict()
+  c.model.init = config_dict.placeholder(str)  # paper: Qwen3-30B-A3B family (HF directory)
+  c.model.template = config_dict.placeholder(str)  # tokenizer/template source if not model.init
+  c.model.template_family = "qwen3"
+
   c.engine = config_dict.ConfigDict()
   c.engine.backend = "sglang"
-  c.engine.model = config_dict.placeholder(str)  # paper: Qwen3-30B-A3B family (HF directory)
-  c.engine.template = config_dict.placeholder(str)  # tokenizer/template source if not engine.model
-  c.engine.template_family = "qwen3"
   c.engine.url = config_dict.placeholder(str)  # e.g. http://127.0.0.1:30000
   c.engine.options = config_dict.ConfigDict()  # backend keyword args, e.g. timeout_s
 

@@ -3,7 +3,7 @@ the bundled toy tasks (clawjax/data/tasks). A few minutes on 2 cores.
 
   python experiments/eval.py --config=configs/eval/toy_cpu.py --workdir=runs/eval/toy-smollm2
 
-`--config.engine.model=test-tiny --config.engine.template=qwen3` swaps in a random tiny Qwen3 (faster,
+`--config.model.init=test-tiny --config.model.template=qwen3` swaps in a random tiny Qwen3 (faster,
 scores ~0); `--config.max_tasks=2` runs a slice.
 """
 
@@ -27,12 +27,11 @@ def get_config() -> config_dict.ConfigDict:
   c.progress = True
   c.shim_url = config_dict.placeholder(str)
 
+  c.model = config_dict.ConfigDict()
+  c.model.init = "smollm2-135m"
+
   c.engine = config_dict.ConfigDict()
   c.engine.backend = "embedded"
-  c.engine.model = "smollm2-135m"
-  c.engine.template = config_dict.placeholder(str)
-  c.engine.template_family = config_dict.placeholder(str)
-  c.engine.url = config_dict.placeholder(str)
   c.engine.options = config_dict.ConfigDict({"max_slots": 2, "max_seq_len": 4096})
 
   c.shim = config_dict.ConfigDict()

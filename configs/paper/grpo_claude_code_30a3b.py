@@ -6,10 +6,12 @@ r"""GRPO inside Claude Code (Table 1 row ClawII-CC-30A3B), from the Qwen3-30B-A3
       --config.model.init=MODEL_DIR --config.engine.url=http://SGLANG:30000 \
       --config.engine.export_dir=SHARED_DIR --workdir=runs/grpo_claude_code_30a3b
 
-Unpublished values are documented in clawjax/rl/loop_paper.py.
+Unpublished values are set and documented in configs/paper/common.py.
 """
 
-from clawjax.rl.loop_paper import paper_config
+from clawjax.config import config_module
+
+paper_config = config_module(__file__, "common.py").paper_config
 
 
 def get_config():

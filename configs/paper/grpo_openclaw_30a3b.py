@@ -6,10 +6,12 @@ r"""GRPO inside OpenClaw (Table 1 row ClawII-OC-30A3B), from the ClawII-Cold SFT
       --config.model.init=MODEL_DIR --config.engine.url=http://SGLANG:30000 \
       --config.engine.export_dir=SHARED_DIR --workdir=runs/grpo_openclaw_30a3b
 
-Unpublished values are documented in clawjax/rl/loop_paper.py.
+Unpublished values are set and documented in configs/paper/common.py.
 """
 
-from clawjax.rl.loop_paper import paper_config
+from clawjax.config import config_module
+
+paper_config = config_module(__file__, "common.py").paper_config
 
 
 def get_config():

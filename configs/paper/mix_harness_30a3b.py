@@ -8,11 +8,10 @@ r"""Mix-harness GRPO: OpenClaw and Claude Code in one run, 32 x 8 per update, on
 16 tasks x 2 harnesses x 8 rollouts = 32 groups of 8 = 256 rollouts, the paper's budget per update.
 """
 
-from clawjax.rl.loop_paper import paper_config
+from clawjax.config import config_module
+
+paper_config = config_module(__file__, "common.py").paper_config
 
 
 def get_config():
-  c = paper_config("openclaw")
-  c.harnesses = ("openclaw", "claude_code")
-  c.tasks_per_step = 16
-  return c
+  return paper_config("openclaw", "claude_code")

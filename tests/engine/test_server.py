@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from clawjax.engine.engine import Engine
-from clawjax.engine.loading import load_weights
+from clawjax.models.loading import load_weights
 from clawjax.engine.server import SGLANG_DEFAULT_MAX_NEW_TOKENS, EngineServer, parse_sampling
 from clawjax.models import hf_io
 from clawjax.serving.backends.base import SamplingParams, create_backend

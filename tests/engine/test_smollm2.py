@@ -5,7 +5,7 @@ import pytest
 
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.serving.backends.base import SamplingParams
-from clawjax.engine.loading import load_model
+from clawjax.models.loading import load_model
 from tests.engine.conftest import learner_logprobs
 
 pytestmark = pytest.mark.slow

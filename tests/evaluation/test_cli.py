@@ -22,8 +22,8 @@ def get_config():
   c.model_label = "scripted"
   c.task_ids = ("toy_sum_numbers",)
   c.progress = False
-  c.engine = config_dict.ConfigDict({{"backend": "scripted", "model": "qwen3",
-                                      "options": {{"script": {script!r}}}}})
+  c.model = config_dict.ConfigDict({{"init": "qwen3"}})
+  c.engine = config_dict.ConfigDict({{"backend": "scripted", "options": {{"script": {script!r}}}}})
   c.rollout = config_dict.ConfigDict({{"timeout_s": 60.0, "settle_interval_s": 0.05}})
   return c
 '''

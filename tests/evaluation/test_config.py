@@ -5,12 +5,14 @@ import pathlib
 
 import pytest
 
-from clawjax.evaluation.config import ConfigError, eval_config
+from clawjax.config import ConfigError
+from clawjax.evaluation.config import eval_config
 from clawjax.evaluation.runner import rollout_config
 from clawjax.tasks import load_tasks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS, FIXTURES = REPO / "configs" / "eval", REPO / "tests" / "fixtures" / "tasks"
+TASKS = str(FIXTURES)  # any existing task source: the config checks that it exists
 
 
 def _load(name, *arg):
@@ -25,9 +27,12 @@ def test_paper_config_needs_tasks_and_model_then_builds():
   with pytest.raises(ConfigError, match=r"config.tasks: must be set"):
     eval_config(c)
   c.tasks = "bench/"
-  with pytest.raises(ConfigError, match=r"config.engine.model: required"):
+  with pytest.raises(ConfigError, match=r"config.tasks: 'bench/' does not exist"):
     eval_config(c)
-  c.engine.model = "/models/Qwen3-30B-A3B"
+  c.tasks = TASKS
+  with pytest.raises(ConfigError, match=r"config.model.init: required"):
+    eval_config(c)
+  c.model.init = "/models/Qwen3-30B-A3B"
   cfg = eval_config(c)
   assert (cfg.shim.max_context, cfg.shim.max_new_tokens, cfg.rollout.harness.max_turns) == \
       (65536, 8192, 50)
@@ -39,7 +44,7 @@ def test_paper_config_needs_tasks_and_model_then_builds():
 
 def test_paper_config_for_pinchbench():
   c = _load("clawgym_bench", "pinchbench")
-  c.tasks, c.engine.model = "skill/tasks", "m"
+  c.tasks, c.model.init = TASKS, "m"
   cfg = eval_config(c)
   assert (cfg.benchmark, cfg.task_timeouts) == ("PinchBench", True)
   with pytest.raises(ValueError, match="expected one of"):
@@ -48,31 +53,30 @@ def test_paper_config_for_pinchbench():
 
 def test_toy_config_builds():
   cfg = eval_config(_load("toy_cpu"))
-  assert (cfg.harness, cfg.engine.backend, cfg.engine.model) == ("mini", "embedded", "smollm2-135m")
+  assert (cfg.harness, cfg.engine.backend, cfg.model.init) == ("mini", "embedded", "smollm2-135m")
   assert cfg.engine.options == {"max_slots": 2, "max_seq_len": 4096}
-  assert eval_config({"tasks": "t/", "engine": {"model": "m"},
-                      "task_ids": ("a, b", "c")}).task_ids == ("a", "b", "c")  # as flags give it
+  assert eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["task_ids=a, b,c"]).task_ids == ("a", "b", "c")
 
 
 @pytest.mark.parametrize("section, message", [
     ({"rollout": {"harness": {"max_turn": 3}}},
-     r"config.rollout.harness: unknown field\(s\) \['max_turn'\]"),
+     r"config.rollout.harness.max_turn: unknown field; did you mean rollout.harness.max_turns"),
     ({"rollout": {"timeout_s": "long"}}, r"config.rollout.timeout_s: expected float, got str"),
     ({"concurrency": 0}, r"config.concurrency: must be >= 1"),
-    ({"harness": "codex"}, r"config.harness: not one of"),
+    ({"harness": "codex"}, r"config.harness: 'codex' is not one of"),
     ({"rollout": {"judge": {"url": "http://judge/v1"}}},
      r"config.rollout.judge: \['model'\] must be set"),
     ({"rollout": {"sandbox": {"mode": "docker"}}}, r"config.rollout.sandbox: .*mode"),
 ])
 def test_bad_fields_name_their_path(section, message):
   with pytest.raises(ConfigError, match=message):
-    eval_config({"tasks": "t/", "engine": {"model": "m"}, **section})
+    eval_config({"tasks": TASKS, "model": {"init": "m"}, **section})
 
 
 def test_task_timeouts_use_the_tasks_own_wall_clock():
   [task] = load_tasks(FIXTURES / "pinchbench" / "tasks")
   assert task.timeout_s == 120  # the fixture's timeout_seconds
-  base = {"tasks": "t/", "engine": {"model": "m"}, "rollout": {"timeout_s": 900.0}}
+  base = {"tasks": TASKS, "model": {"init": "m"}, "rollout": {"timeout_s": 900.0}}
   off = rollout_config(eval_config(base), task)
   on = rollout_config(eval_config({**base, "task_timeouts": True}), task)
-  assert (off.timeout_s, on.timeout_s, on.harness.timeout_s) == (900.0, 120.0, 120.0)
+  assert off is None and (on.timeout_s, on.harness.timeout_s) == (120.0, 120.0)

@@ -47,7 +47,7 @@ def _config(tmp_path, **overrides):
   return eval_config({
       "tasks": str(TASKS), "harness": "mini", "benchmark": "toy", "model_label": "scripted",
       "concurrency": 2, "progress": False,
-      "engine": {"backend": "scripted", "model": "qwen3"},
+      "model": {"init": "qwen3"}, "engine": {"backend": "scripted"},
       "rollout": {"timeout_s": 60.0, "settle_interval_s": 0.05, "settle_checks": 2,
                   "keep_dirs": True, "work_root": str(tmp_path / "work")},
       **overrides})

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from clawjax.calllog import CallLogWriter
-from clawjax.engine.loading import load_model
+from clawjax.models.loading import load_model
 from clawjax.harness.adapters import HarnessOptions
 from clawjax.harness.rollout import RolloutConfig, run_rollout
 from clawjax.models.model import causal_inputs

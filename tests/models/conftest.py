@@ -1,7 +1,7 @@
 """Fixtures of the model tests."""
 import pytest
 
-from .helpers import save_tiny_hf as _save
+from tests.models.helpers import save_tiny_hf as _save
 
 
 @pytest.fixture

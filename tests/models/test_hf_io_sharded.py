@@ -15,7 +15,7 @@ from clawjax.models import hf_io
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
 
-from .helpers import save_fused
+from tests.models.helpers import save_fused
 
 # Every rule splits something at these sizes: d 64 / fsdp, 4 heads and 2 kv heads / tensor, mlp 96 and
 # moe_mlp 32 / tensor, 8 experts / expert, vocab 128 / tensor.

@@ -9,7 +9,7 @@ import torch
 
 from clawjax.models import hf_io
 from clawjax.models.model import causal_inputs
-from .helpers import forward, rel_err, save_fused
+from tests.models.helpers import forward, rel_err, save_fused
 
 # (HF model kind, config overrides, our attention kernel): each kernel meets each family at least once;
 # test_tree_attention.py checks the kernels against each other.

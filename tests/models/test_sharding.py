@@ -13,7 +13,7 @@ from clawjax.models.config import preset
 from clawjax.models.layers import constrain
 from clawjax.models.model import Decoder
 
-from .helpers import pack_row, random_tree, rel_err
+from tests.models.helpers import pack_row, random_tree, rel_err
 
 LOGICAL = {"vocab", "embed", "mlp", "heads", "kv_heads", "head_dim", "expert", None}
 # "embed" shares "data" with "batch" (FSDP-style), which activation constraints must resolve.

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from clawjax.models import hf_io, smollm2
 from clawjax.models.model import causal_inputs
 
-from .helpers import rel_err
+from tests.models.helpers import rel_err
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from clawjax.models import attention
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder, causal_inputs
 
-from .helpers import forward, pack_row, random_tree, rel_err
+from tests.models.helpers import forward, pack_row, random_tree, rel_err
 
 
 def packed_rows(seed: int, length: int, vocab: int, trees_per_row=(2, 3)):

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from clawjax.config import ConfigError
 from clawjax.rl.config import LearnerConfig, ValueConfig
-from clawjax.rl.losses import (LOSSES, LossTerms, TokenInputs, get_loss, k3_kl, register_loss, tis_weights,
+from clawjax.rl.losses import (LOSSES, LossTerms, TokenInputs, check_loss, k3_kl, register_loss, tis_weights,
                                value_loss)
 
 
@@ -82,7 +83,7 @@ def test_ppo_matches_numpy(clip):
   terms = LOSSES["ppo"].fn(_token_inputs(d), cfg)
   np.testing.assert_allclose(np.asarray(terms.policy), loss_ref, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(np.asarray(terms.extra), 0.7 * 0.5 * err, rtol=1e-4, atol=1e-6)
-  assert LOSSES["ppo"].needs_value and not LOSSES["grpo"].needs_value
+  assert {"values", "values_old"} <= LOSSES["ppo"].needs and not LOSSES["grpo"].needs
 
 
 def test_value_loss_gradient_is_zero_where_clipped():
@@ -101,5 +102,9 @@ def test_k3_kl_is_nonnegative_and_zero_at_equality():
 def test_registry_rejects_duplicates_and_names_unknown():
   with pytest.raises(ValueError, match="already registered"):
     register_loss("grpo")(lambda x, cfg: LossTerms(policy=x.logp))
-  with pytest.raises(KeyError, match="known: .*grpo"):
-    get_loss("grpoo")
+  with pytest.raises(ConfigError, match=r"config\.learner\.loss: 'grpoo' .*did you mean grpo"):
+    check_loss(LearnerConfig(loss="grpoo"))
+  with pytest.raises(ConfigError, match=r"config\.learner\.value\.kind: loss 'ppo' reads values"):
+    check_loss(LearnerConfig(loss="ppo"))
+  with pytest.raises(ValueError, match="not optional inputs"):
+    register_loss("needs_nothing_known", needs=("advantage",))

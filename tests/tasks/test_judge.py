@@ -13,7 +13,7 @@ from clawjax.tasks import JudgeConfig, load_jsonl, load_task_dir, load_tasks, ma
 from clawjax.tasks.judge import JudgeParseError, judge_workspace, parse_judgement
 from clawjax.tasks.jsonscan import last_json_object
 
-from .conftest import FIXTURES
+from tests.tasks.conftest import FIXTURES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HYBRID = FIXTURES / "dir" / "task_0002_hybrid"

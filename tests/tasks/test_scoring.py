@@ -16,7 +16,7 @@ from clawjax.tasks import (ScoringConfig, bundled_tasks_dir, load_jsonl, load_ta
 from clawjax.tasks.scoring import network_isolation, referenced_files
 from clawjax.tasks.task import parse_jsonl_task
 
-from .conftest import FIXTURES, official_reward
+from tests.tasks.conftest import FIXTURES, official_reward
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SUMMARY = FIXTURES / "dir" / "task_0001_summary"

@@ -10,7 +10,7 @@ from clawjax.tasks import (TaskError, bundled_tasks_dir, load_jsonl, load_task_d
 from clawjax.tasks.__main__ import main, resolve_task
 from clawjax.tasks.task import parse_jsonl_task
 
-from .conftest import FIXTURES
+from tests.tasks.conftest import FIXTURES
 
 
 def test_directory_layout_fields():

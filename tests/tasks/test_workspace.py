@@ -4,7 +4,7 @@ import pathlib
 
 from clawjax.tasks import diff_workspace, load_jsonl, load_task_dir, make_workspace
 
-from .conftest import FIXTURES
+from tests.tasks.conftest import FIXTURES
 
 
 def _tree(root: pathlib.Path) -> dict[str, bytes]:

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from clawjax.engine.engine import Engine, EngineConfig, EngineError
-from clawjax.engine.loading import load_model, load_weights
+from clawjax.models.loading import load_model, load_weights
 from clawjax.serving.backends.base import (BackendError, Generation, SamplingBackend, SamplingParams,
                                            TokenSink, register_backend)
 

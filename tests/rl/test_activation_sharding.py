@@ -17,7 +17,7 @@ from clawjax.models.config import PRESETS
 from clawjax.models.model import Decoder
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
-from learner_batches import TINY, make_policy, random_tree, rel_diff, tree_layout
+from tests.rl.learner_batches import TINY, make_policy, random_tree, rel_diff, tree_layout
 
 TOL = 1e-5
 TINY_MOE = PRESETS["test-tiny-moe"].replace(n_layers=1, vocab_size=256)

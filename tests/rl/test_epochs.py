@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clawjax.evaluation.config import ConfigError
+from clawjax.config import ConfigError
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
-from clawjax.rl.loop_config import train_config
+from clawjax.tasks import bundled_tasks_dir
+from clawjax.train.config import train_config
 from clawjax.tree.batch import PackedBatch
-from learner_batches import TINY, make_policy, random_tree, rel_diff, tree_layout
+from tests.rl.learner_batches import TINY, make_policy, random_tree, rel_diff, tree_layout
 
 ROWS = 4
 # Plain SGD so that the reference is p - lr * g; a step this large moves pi/pi_old out of the clip range.
@@ -132,6 +133,7 @@ def test_bad_minibatches_are_clear_errors():
   with pytest.raises(ValueError, match="epochs=0"):
     LearnerConfig(epochs=0)
   with pytest.raises(ConfigError, match="config.learner: .*minibatches=2 must divide micro_batches=1"):
-    train_config({"tasks": "t", "learner": {"minibatches": 2}})
-  cfg = train_config({"tasks": "t", "learner": {"epochs": 3, "minibatches": 2, "micro_batches": 4, "shuffle": True}})
+    train_config({"tasks": str(bundled_tasks_dir()), "learner": {"minibatches": 2}})
+  cfg = train_config({"tasks": str(bundled_tasks_dir()),
+                      "learner": {"epochs": 3, "minibatches": 2, "micro_batches": 4, "shuffle": True}})
   assert (cfg.learner.epochs, cfg.learner.minibatches, cfg.learner.shuffle) == (3, 2, True)

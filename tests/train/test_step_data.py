@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from clawjax.calllog import LoadedLog
-from clawjax.rl.loop_batch import BatchConfig, build_step, reward_metrics
+from clawjax.train.step_data import BatchConfig, build_step, reward_metrics
 from clawjax.tree.filters import FilterConfig
 from clawjax.tree.synthetic import agent_group
 

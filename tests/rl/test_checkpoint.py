@@ -10,7 +10,7 @@ from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.config import LearnerConfig, ValueConfig
 from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
-from learner_batches import TINY, make_policy, random_tree, tree_layout
+from tests.rl.learner_batches import TINY, make_policy, random_tree, tree_layout
 
 
 def _leaves(state):

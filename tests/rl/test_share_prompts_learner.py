@@ -17,7 +17,7 @@ from clawjax.rl.value import make_value_model
 from clawjax.tree import synthetic
 from clawjax.tree.filters import filter_rollout
 from clawjax.tree.pack import pack_trees
-from learner_batches import TINY, Tree, make_policy, paths_layout, rel_diff
+from tests.rl.learner_batches import TINY, Tree, make_policy, paths_layout, rel_diff
 
 TOL = 1e-5
 

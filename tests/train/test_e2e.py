@@ -15,9 +15,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from clawjax.harness import adapters
-from clawjax.rl.loop import train
-from clawjax.rl.loop_config import train_config
-from clawjax.rl.loop_metrics import read_metrics
+from clawjax.train.config import train_config
+from clawjax.train.metrics import read_metrics
+from clawjax.train.trainer import train
 
 # The checker's reward is a hash of the scoring directory (fresh per rollout): rewards differ within
 # a group, so GRPO advantages are non-zero even for a random policy.

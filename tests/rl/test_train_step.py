@@ -10,12 +10,13 @@ import pytest
 from flax import nnx
 
 from clawjax import sharding
+from clawjax.config import ConfigError
 from clawjax.models.model import Decoder
 from clawjax.rl.config import LearnerConfig, ValueConfig
 from clawjax.rl.learner import Learner
 from clawjax.rl.losses import LOSSES, LossTerms, register_loss
 from clawjax.rl.value import make_value_model
-from learner_batches import TINY, make_policy, paths_layout, random_tree, rel_diff, tree_layout
+from tests.rl.learner_batches import TINY, make_policy, paths_layout, random_tree, rel_diff, tree_layout
 
 TOL = 1e-5
 
@@ -109,7 +110,7 @@ def test_registered_loss_is_used_and_matches_float64_reference():
 
 
 def test_unknown_loss_and_missing_critic_are_clear_errors():
-  with pytest.raises(KeyError, match="no_such_loss"):
+  with pytest.raises(ConfigError, match="no_such_loss"):
     Learner(LearnerConfig(loss="no_such_loss"), make_policy())
   with pytest.raises(ValueError, match="value"):
     Learner(LearnerConfig(loss="ppo"), make_policy())

@@ -1,0 +1,162 @@
+"""A run's policy server: the engine (or a remote engine's backend), the shim in front of it, and the pool
+that drives harness rollouts through it. Training, its held-out evaluation, the cold-start recording and
+benchmark evaluation all run their rollouts through one `PolicySession`.
+
+  with PolicySession(cfg, log_dir=WORKDIR / "calls", policy=model) as session:
+    outcomes = session.run(jobs, writer, label="s3")
+    session.push(new_model, step=3)
+
+`cfg` is any run config with the sections `model`, `engine`, `shim`, `rollout` and the fields
+`concurrency`, `progress` (TrainConfig, EvalConfig). The engine is, by `cfg.engine.backend`:
+  embedded     an in-process clawjax Engine over `policy` (or `cfg.model` loaded), updated in place;
+  sglang/vllm  the server at `cfg.engine.url`, updated from safetensors exported to `cfg.engine.export_dir`;
+  any other    a registered backend built from `cfg.engine.options` (e.g. the scripted test policy);
+or a `backend` the caller built (the cold-start demonstrator), or no engine at all when `shim_url` names
+a shim that already runs.
+
+Rollout ids: `<label>-<task>-<harness>-<index>-<128 random bits in hex>`, readable in a directory
+listing, unique across reruns (the shim refuses an id whose log exists) and not guessable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import re
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.harness.pool import run_concurrently
+from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
+from clawjax.run.settings import EngineSettings, ModelSettings
+from clawjax.serving.backends.base import Backend, create_backend
+from clawjax.serving.server import ShimConfig, ShimThread
+from clawjax.tasks import Task
+from clawjax.text.templates import ChatTemplate, load_template
+
+log = logging.getLogger(__name__)
+
+
+class SessionConfig(Protocol):
+  model: ModelSettings
+  engine: EngineSettings
+  shim: ShimConfig
+  rollout: RolloutConfig
+  concurrency: int
+  progress: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutJob:
+  task: Task
+  harness: str
+  index: int = 0                        # which rollout of the task: a GRPO group member, an eval sample
+  config: RolloutConfig | None = None   # settings of this rollout when not the session's (a task timeout)
+
+
+def rollout_id(label: str, job: RolloutJob) -> str:
+  stem = re.sub(r"[^A-Za-z0-9._-]+", "_", job.task.task_id)[:60].strip("._-") or "task"
+  return f"{label}-{stem}-{job.harness}-{job.index}-{secrets.token_hex(16)}"
+
+
+def chat_template(model: ModelSettings) -> ChatTemplate:
+  """The tokenizer and chat template the shim renders for `model`."""
+  return load_template(model.template or model.init, model.template_family)
+
+
+class PolicySession:
+  """The policy behind the shim for one run (a context manager); `version` is the engine's policy
+  version of the weights it serves."""
+
+  def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None,
+               backend: Backend | None = None, shim_url: str | None = None, seed: int = 0,
+               workdir: str | pathlib.Path | None = None):
+    self.cfg = cfg
+    self.engine = None
+    self.shim: ShimThread | None = None
+    self.version = 0
+    self._export_root = pathlib.Path(cfg.engine.export_dir or pathlib.Path(workdir or log_dir) / "export")
+    self._shim_url = shim_url
+    if shim_url:
+      self.template = None
+      self.backend = None
+      return
+    self.template = chat_template(cfg.model)
+    if backend is None:
+      backend = self._make_backend(policy, seed)
+    self.backend = backend
+    self.shim = ShimThread(dataclasses.replace(cfg.shim, log_dir=str(log_dir)), backend, self.template)
+
+  def _make_backend(self, policy, seed: int) -> Backend:
+    settings = self.cfg.engine
+    if settings.backend == "embedded":
+      # pylint: disable=import-outside-toplevel  (JAX only where this process runs the engine)
+      from clawjax.engine.engine import Engine
+      from clawjax.models.loading import load_model
+      from clawjax.serving.backends.embedded import engine_config
+      if policy is None:
+        model = self.cfg.model
+        policy = load_model(model.init, seed=seed, random_init=model.random_init, **model.overrides).model
+      self.engine = Engine(policy, engine_config(settings.options))
+      return create_backend("embedded", engine=self.engine)
+    options = dict(settings.options)
+    if settings.backend == "scripted":
+      options["template"] = self.template  # the script is rendered with the shim's own template
+    return create_backend(settings.backend, url=settings.url, model=self.cfg.model.init, **options)
+
+  @property
+  def url(self) -> str:
+    return self._shim_url or self.shim.url
+
+  def __enter__(self) -> "PolicySession":
+    if self.shim is not None:
+      self.shim.start()
+      log.info("shim (%s backend) at %s, call logs in %s", self.cfg.engine.backend, self.shim.url,
+               self.shim.server.config.log_dir)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self.shim is not None:
+      self.shim.stop()
+    if self.engine is not None:
+      self.engine.close()
+
+  def run(self, jobs: Sequence[RolloutJob], writer: CallLogWriter, *, label: str, desc: str = "",
+          on_result: Callable[[RolloutJob, RolloutOutcome], None] | None = None,
+          concurrency: int | None = None) -> list[RolloutOutcome]:
+    """Runs the jobs `concurrency` (default cfg.concurrency) at a time; every job ends as one rollout
+    record in `writer`. Outcomes come back in job order; `on_result` sees each as it finishes, in this
+    thread."""
+
+    def one(job: RolloutJob) -> tuple[RolloutJob, RolloutOutcome]:
+      rid = rollout_id(label, job)
+      try:
+        return job, run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid)
+      except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
+        log.exception("rollout %s crashed", rid)
+        record = RolloutRecord(rid, job.task.task_id, job.harness, None, "failed",
+                               {"reason": f"{type(e).__name__}: {e}"})
+        writer.write(record)
+        return job, RolloutOutcome(record, None, [])
+
+    done = run_concurrently(one, jobs, concurrency or self.cfg.concurrency, desc=desc,
+                            on_result=(lambda r: on_result(*r)) if on_result else None,
+                            progress=self.cfg.progress, score=lambda r: r[1].record.reward,
+                            status=lambda r: r[1].record.status)
+    return [outcome for _, outcome in done]
+
+  def push(self, model, step: int) -> int:
+    """New weights to the engine; returns the engine's new policy version."""
+    if self.engine is not None:
+      self.version = self.engine.update_from_model(model)
+      return self.version
+    from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel  (JAX)
+    out = self._export_root / f"step_{step}"
+    hf_io.save(model, out)
+    version = self.shim.run(self.backend.update_weights_from_disk(str(out)))
+    self.shim.run(self.backend.flush_cache())
+    self.version = version if version is not None else self.version + 1
+    return self.version

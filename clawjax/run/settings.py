@@ -1,0 +1,40 @@
+"""The `config.model` and `config.engine` sections, the same in training and evaluation configs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from clawjax.config import ConfigError
+from clawjax.serving.backends.base import backend_names
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  # A preset (clawjax.models.config.PRESETS: test-tiny, smollm2-135m, qwen3-...) or a Hugging Face
+  # safetensors directory: the weights training starts from, or the model being evaluated.
+  init: str | None = "test-tiny"
+  # Random weights of the preset's architecture even where the preset has real ones (smollm2-135m).
+  random_init: bool = False
+  # ModelConfig fields to change: architecture sizes (random init only) or run-time fields
+  # (dtype, param_dtype, attention_impl, remat).
+  overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+  template: str | None = None         # tokenizer + chat template source ("qwen3", a dir); None: `init`
+  template_family: str | None = None  # "qwen3" | "chatml"; None: guessed from the model
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+  # A clawjax.serving backend: "embedded" (the in-process JAX engine; training updates it in place),
+  # "sglang", "vllm" (a running server at `url`), or "scripted" (a test policy; evaluation only).
+  backend: str = "embedded"
+  url: str | None = None     # sglang / vllm server root
+  # embedded: clawjax.engine.engine.EngineConfig fields; others: the backend factory's keyword arguments.
+  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  # Training with sglang / vllm: where new weights are exported (safetensors) for the engine to load;
+  # the engine must see this path. None: WORKDIR/export.
+  export_dir: str | None = None
+
+  def __post_init__(self):
+    if self.backend not in backend_names():
+      raise ConfigError(f"config.engine.backend: {self.backend!r} is not one of {backend_names()}")

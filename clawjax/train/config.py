@@ -1,0 +1,123 @@
+"""The RL run's typed configuration: `TrainConfig`, built from a config file and `--config.` overrides.
+
+The ConfigDict of a config file (configs/*.py) sets some fields of `TrainConfig`; every other field keeps
+its default, and every field can be set from the command line (clawjax.config). Nested sections are
+the dataclasses named in the field types: `model`/`engine` clawjax.run.settings, `shim`
+clawjax.serving.server.ShimConfig, `rollout` clawjax.harness.rollout.RolloutConfig, `filters`
+clawjax.tree.filters.FilterConfig, `batch` clawjax.train.step_data.BatchConfig, `learner`
+clawjax.rl.config.LearnerConfig, `sft` clawjax.train.cold_start.SFTConfig, `mesh` clawjax.sharding.MeshConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clawjax import config as config_lib
+from clawjax.config import ConfigError
+from clawjax.harness.adapters import ADAPTERS
+from clawjax.harness.rollout import RolloutConfig
+from clawjax.rl.config import LearnerConfig
+from clawjax.rl.losses import check_loss
+from clawjax.run.settings import EngineSettings, ModelSettings
+from clawjax.serving.server import ShimConfig
+from clawjax.sharding import MeshConfig
+from clawjax.train.cold_start import SFTConfig, check_demonstrator
+from clawjax.train.step_data import BatchConfig
+from clawjax.tree.filters import FilterConfig
+
+# Engines whose weights the trainer can replace after each update.
+TRAINABLE_BACKENDS = ("embedded", "sglang", "vllm")
+# Fields a resumed run may change without --config.allow_config_change: they decide how long the run
+# goes and how it reports, not what it trains on.
+RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
+                     "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  tasks: str                                # task dir / directory of tasks / JSONL (clawjax.tasks)
+  harnesses: tuple[str, ...] = ("openclaw",)  # several = mix-harness: one GRPO group per (task, harness)
+  task_ids: tuple[str, ...] = ()            # train only on these; () = all
+  tasks_per_step: int = 32                  # paper: 32 (GRPO), 256 (PPO)
+  rollouts_per_task: int = 8                # paper: 8 (GRPO), 1 (PPO)
+  steps: int = 200                          # RL steps (paper: stable over 200-400)
+  seed: int = 0                             # model init, task order, SFT draws
+  concurrency: int = 64                     # rollouts in flight
+  value_pretrain_steps: int = 0             # critic-only updates before the first policy update (PPO)
+  checkpoint_every: int = 1                 # RL steps between Orbax checkpoints (the last is always saved)
+  keep_checkpoints: int = 3
+  eval_tasks: str | None = None             # held-out tasks; None = no periodic evaluation
+  eval_every: int = 0                       # RL steps between evaluations (0 = off)
+  eval_samples: int = 1                     # rollouts per held-out task and harness
+  progress: bool = True                     # tqdm bar over each step's rollouts
+  tensorboard: bool = True                  # mirror metrics.jsonl to WORKDIR/tb (needs clawjax[tensorboard])
+  plot: bool = True                         # write WORKDIR/*.png curves at the end
+  # Modules (dotted names or .py paths) imported before the config is checked: they register losses,
+  # demonstrators, harness adapters of your own.
+  plugins: tuple[str, ...] = ()
+  # Resume even though the config differs from the one the run started with (config.json).
+  allow_config_change: bool = False
+  model: ModelSettings = ModelSettings()
+  engine: EngineSettings = EngineSettings()
+  mesh: MeshConfig = MeshConfig(data=1)     # learner mesh; without a -1 axis the first devices are used
+  shim: ShimConfig = dataclasses.field(default_factory=lambda: ShimConfig(log_dir=""))
+  rollout: RolloutConfig = RolloutConfig()
+  filters: FilterConfig = FilterConfig()
+  batch: BatchConfig = BatchConfig()
+  learner: LearnerConfig = LearnerConfig()
+  sft: SFTConfig = SFTConfig()
+
+  def __post_init__(self):
+    config_lib.import_plugins(self.plugins)
+    checks = [
+        ("tasks", self.tasks and pathlib.Path(self.tasks).exists(), f"{self.tasks!r} does not exist"),
+        ("harnesses", self.harnesses and set(self.harnesses) <= set(ADAPTERS),
+         f"{list(self.harnesses)} must be a non-empty subset of {sorted(ADAPTERS)}"),
+        ("tasks_per_step", self.tasks_per_step >= 1, "must be >= 1"),
+        ("rollouts_per_task", self.rollouts_per_task >= 1, "must be >= 1"),
+        ("steps", self.steps >= 1, "must be >= 1"),
+        ("concurrency", self.concurrency >= 1, "must be >= 1"),
+        ("checkpoint_every", self.checkpoint_every >= 1, "must be >= 1"),
+        ("model.init", self.model.init, "must be set (a preset or a model directory)"),
+        ("engine.backend", self.engine.backend in TRAINABLE_BACKENDS,
+         f"{self.engine.backend!r}: training updates the engine's weights, so one of {TRAINABLE_BACKENDS}"),
+        ("shim.log_dir", not self.shim.log_dir, "is set by the run (WORKDIR/calls); leave it out"),
+        # log pi_old must be computed at the temperature the engine sampled at (Eq. 4's ratio).
+        ("learner.temperature", math.isclose(self.learner.temperature, self.shim.temperature),
+         f"{self.learner.temperature} differs from shim.temperature {self.shim.temperature}"),
+        ("value_pretrain_steps", self.value_pretrain_steps == 0 or self.learner.value.kind != "none",
+         "needs learner.value.kind 'shared' or 'separate'"),
+        ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),
+    ]
+    for field, ok, message in checks:
+      if not ok:
+        raise ConfigError(f"config.{field}: {message}")
+    check_loss(self.learner)
+    if self.sft.steps:
+      check_demonstrator(self.sft)
+    if self.tensorboard:
+      try:
+        import tensorboardX  # pylint: disable=import-outside-toplevel,unused-import
+      except ImportError:
+        raise ConfigError("config.tensorboard: needs tensorboardX (pip install 'clawjax[tensorboard]'), "
+                          "or set --config.tensorboard=False") from None
+
+
+def train_config(config: Mapping[str, Any] | Any, overrides: Sequence[str] = ()) -> TrainConfig:
+  """The TrainConfig of a ConfigDict (or a plain nested dict), with `--config.` overrides applied."""
+  return config_lib.resolve(TrainConfig, config, overrides)
+
+
+def check_resume(saved: Mapping[str, Any], cfg: TrainConfig) -> None:
+  """A resumed run must train what it started with: a ConfigError listing the differences from the
+  run's config.json (beyond RESUMABLE_CHANGES) unless `allow_config_change`."""
+  diff = {k: v for k, v in config_lib.differences(saved, config_lib.to_json(cfg)).items()
+          if k.split(".")[0] not in RESUMABLE_CHANGES}
+  if diff and not cfg.allow_config_change:
+    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
+    raise ConfigError(f"config differs from the run's config.json ({listed}); resume it unchanged, use "
+                      "another --workdir, or pass --config.allow_config_change=True")
