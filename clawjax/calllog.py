@@ -53,8 +53,7 @@ class CallLogError(ValueError):
   """A record that does not follow the schema; the message names file, line and field."""
 
   def __init__(self, where: str, field: str | None, message: str):
-    self.where = where
-    self.field = field
+    self.where, self.field, self.message = where, field, message
     super().__init__(f"{where}: field {field!r}: {message}" if field else f"{where}: {message}")
 
 
@@ -333,10 +332,12 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
 
 @dataclasses.dataclass
 class LoadedLog:
-  """Validated records grouped by rollout. `calls[rollout_id]` is sorted by call_index."""
+  """Validated records grouped by rollout. `calls[rollout_id]` is sorted by call_index. `excluded`:
+  the rollouts left out because a record of theirs could not be read (rollout id -> the first problem)."""
   calls: dict[str, list[CallRecord]]
   rollouts: dict[str, RolloutRecord]
   problems: list[str]
+  excluded: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def rollout_ids(self) -> list[str]:
     return sorted(set(self.calls) | set(self.rollouts))
@@ -346,8 +347,10 @@ def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
          errors: Literal["raise", "collect"] = "raise") -> LoadedLog:
   """Loads call and rollout records from one or more JSONL files (directories: every *.jsonl inside).
 
-  With errors="collect", a bad line is recorded in `problems` (file, line, field) and skipped, as is a
-  rollout whose records contradict each other; the rest of the log is still returned.
+  With errors="collect", a bad line is recorded in `problems` (file, line, field) and its rollout is
+  left out whole (`excluded`), as is a rollout whose records contradict each other; the rest of the log
+  is still returned. A line too broken to name its rollout leaves out every rollout with calls in its
+  file (a shim's log holds one rollout's calls): an incomplete rollout is never returned.
   """
   if isinstance(paths, (str, os.PathLike)):
     paths = [paths]
@@ -360,28 +363,38 @@ def load(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
   calls: dict[str, list[CallRecord]] = {}
   rollouts: dict[str, RolloutRecord] = {}
   problems: list[str] = []
-  bad_rollouts: set[str] = set()
+  excluded: dict[str, str] = {}
 
-  def problem(err: CallLogError, rollout_id: str | None = None) -> None:
+  def problem(err: CallLogError, rollout_ids: Iterable[str] = ()) -> None:
     if errors == "raise":
       raise err
     problems.append(str(err))
-    if rollout_id is not None:
-      bad_rollouts.add(rollout_id)
+    for rid in rollout_ids:
+      excluded.setdefault(rid, str(err))
 
   for path in files:
-    for where, line, rec in _file_records(path):
+    records = _file_records(path)
+    unnamed: list[CallLogError] = []
+    for where, line, rec in records:
       if isinstance(rec, CallLogError):
         # A rollout with a broken record is incomplete: leave all of it out, not just the line.
-        problem(rec, _rollout_id_of(line))
+        rid = _rollout_id_of(line)
+        if rid is None:
+          unnamed.append(rec)
+        else:
+          problem(rec, [rid])
         continue
-      _add(rec, where, calls, rollouts, problem)
-  for rid in bad_rollouts:
+      _add(rec, where, calls, rollouts, lambda err, rid: problem(err, [rid]))
+    in_file = sorted({rec.rollout_id for _, _, rec in records if isinstance(rec, CallRecord)})
+    for err in unnamed:
+      problem(CallLogError(err.where, err.field, f"{err.message}; left out the rollouts with calls in this "
+                           f"file: {in_file}"), in_file)
+  for rid in excluded:
     calls.pop(rid, None)
     rollouts.pop(rid, None)
   for recs in calls.values():
     recs.sort(key=lambda r: r.call_index)
-  return LoadedLog(calls=calls, rollouts=rollouts, problems=problems)
+  return LoadedLog(calls=calls, rollouts=rollouts, problems=problems, excluded=excluded)
 
 
 def _rollout_id_of(line: str) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any
 NORMALISATIONS = ("unique", "paths")
 VALUE_KINDS = ("none", "shared", "separate")
 OPTIMIZERS = ("adamw", "sgd")
+KL_ESTIMATORS = ("k3", "k2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,10 @@ class ValueConfig:
   coef: float = 0.5           # weight of the value loss next to the policy loss (common PPO value)
   clip: float | None = 0.2    # value clipping around V_old (PPO2 style); None = plain squared error
   pretrain_lr: float = 1e-5   # learning rate of `Learner.pretrain_value_step` (the paper pretrains V)
+  # Learning rate of the critic's parameters in the RL updates (its own optimizer state and its own
+  # gradient-norm clip at LearnerConfig.grad_clip). Not published; critics usually learn faster than
+  # the policy (10x here, as the pretraining default).
+  lr: float = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +39,19 @@ class LearnerConfig:
   adam_b2: float = 0.999
   adam_eps: float = 1e-8
   weight_decay: float = 0.0
-  grad_clip: float | None = 1.0    # clip by global norm; None = off
+  # Clip by global norm, the policy's and the critic's gradients each by its own norm; None = off.
+  grad_clip: float | None = 1.0
   eps_low: float = 0.2             # ratio clip below: 1 - eps_low (ClawGym part I)
   eps_high: float = 0.28           # ratio clip above: 1 + eps_high (ClawGym part I, "clip higher")
-  kl_coef: float = 0.0             # KL to the frozen initial policy (k3 estimator); 0 = no reference
+  kl_coef: float = 0.0             # KL penalty to the frozen initial policy; 0 = no reference model
+  # The per-token KL estimate used as the penalty (clawjax.rl.losses.kl_penalty): "k3" (GRPO's; its
+  # gradient is that of KL(pi_ref || pi_theta)) or "k2" (gradient of KL(pi_theta || pi_ref)).
+  kl_estimator: str = "k3"
   c_bar: float = 2.0               # TIS truncation: w_t = min(pi_old / pi_rollout, c_bar) (peer systems)
+  # |log pi_theta - log pi_old| is clamped here before exp in the clipped surrogate: with epochs or
+  # minibatches > 1 the ratio can move far, and exp(89) overflows float32 to inf (NaN loss). A clamped
+  # token gets no gradient through the ratio, as PPO's clip gives none past 1 +- eps.
+  max_log_ratio: float = 20.0
   temperature: float = 1.0         # MUST equal the rollout sampling temperature: logp = log_softmax(z / T)
   normalisation: str = "unique"    # "unique": a shared prefix token counts once; "paths": mean over paths
   micro_batches: int = 1           # micro-batches per batch: rows split evenly, gradients accumulated
@@ -61,11 +74,13 @@ class LearnerConfig:
       raise ValueError(f"LearnerConfig.value.kind={self.value.kind!r}: use one of {VALUE_KINDS}")
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"LearnerConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
+    if self.kl_estimator not in KL_ESTIMATORS:
+      raise ValueError(f"LearnerConfig.kl_estimator={self.kl_estimator!r}: use one of {KL_ESTIMATORS}")
     for name in ("micro_batches", "logits_chunk", "epochs", "minibatches"):
       if getattr(self, name) < 1:
         raise ValueError(f"LearnerConfig.{name}={getattr(self, name)} must be >= 1")
     if self.micro_batches % self.minibatches:
       raise ValueError(f"LearnerConfig.minibatches={self.minibatches} must divide micro_batches="
                        f"{self.micro_batches}: a minibatch is a group of consecutive micro-batches")
-    if self.temperature <= 0 or self.c_bar <= 0:
-      raise ValueError("LearnerConfig.temperature and c_bar must be > 0")
+    if self.temperature <= 0 or self.c_bar <= 0 or self.max_log_ratio <= 0:
+      raise ValueError("LearnerConfig.temperature, c_bar and max_log_ratio must be > 0")

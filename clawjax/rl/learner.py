@@ -13,8 +13,12 @@ One `Learner.step(packed_batch)` is one jitted call over a Mesh:
      only still steps the optimizer with a zero gradient, as an empty batch always did.
   3. Metrics: each loss metric is its weighted mean over the first epoch (every loss token once, seen
      by the params of its minibatch's update: with one minibatch the pre-update values, ratio 1), with
-     `<name>_last` over the last epoch when epochs > 1; grad_norm is the mean over an epoch's updates;
-     `updates` counts optimizer updates. The train state's buffers are donated.
+     `<name>_last` over the last epoch when epochs > 1; grad_norm (the policy's) and value_grad_norm
+     (the critic's) are means over an epoch's updates; `updates` counts optimizer updates applied and
+     `skipped_updates` those skipped. The train state's buffers are donated.
+The policy and the critic have an optimizer each (learning rates `lr` and `value.lr`, each clipped by
+its own gradient norm). An update whose loss or gradient is not finite is skipped: parameters and
+optimizer state are left exactly as they were.
 Params and optimizer state are laid out by clawjax.sharding's logical-axis rules; batch rows are split
 over the data and fsdp mesh axes.
 """
@@ -53,9 +57,10 @@ class TrainState:
   value_opt_state: Any = None       # optimizer state of value pretraining (critic params only)
 
 
-def make_optimizer(cfg: LearnerConfig, lr: float | None = None) -> optax.GradientTransformation:
-  peak = cfg.lr if lr is None else lr
-  schedule = optax.linear_schedule(0.0, peak, cfg.warmup_steps) if cfg.warmup_steps else peak
+def make_optimizer(cfg: LearnerConfig, lr: float) -> optax.GradientTransformation:
+  """The optimizer of one parameter group (the policy, or the critic) at peak learning rate `lr`, with its
+  own gradient-norm clip: one group's large gradients never shrink the other's step."""
+  schedule = optax.linear_schedule(0.0, lr, cfg.warmup_steps) if cfg.warmup_steps else lr
   if cfg.optimizer == "adamw":
     opt = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
   else:
@@ -71,6 +76,13 @@ def _normaliser(batch: DeviceBatch) -> jax.Array:
   """The global weight sum N over all micro-batches (1 for a batch without loss tokens)."""
   norm = jnp.sum(batch.weight)
   return jnp.where(norm > 0, norm, 1.0)
+
+
+def _grad_norms(grads: dict[str, Any]) -> dict[str, jax.Array]:
+  """Global gradient norm of each parameter group before clipping: grad_norm (the policy's) and
+  value_grad_norm (the critic's, when there is one)."""
+  return {("grad_norm" if name == "policy" else f"{name}_grad_norm"): optax.global_norm(g)
+          for name, g in grads.items()}
 
 
 def _trunk_tokens(batch: DeviceBatch) -> jax.Array:
@@ -101,11 +113,12 @@ class Learner:
     if value is not None:
       self.value_def, params["value"], self.value_rest = nnx.split(value, nnx.Param, ...)
     self._loss_slots = cfg.logits_chunk
-    self.tx = make_optimizer(cfg)
-    self.value_tx = make_optimizer(cfg, lr=cfg.value.pretrain_lr)
+    # One optimizer per parameter group; the critic's pretraining has one of its own (its own state).
+    self.txs = {name: make_optimizer(cfg, cfg.lr if name == "policy" else cfg.value.lr) for name in params}
+    self.value_tx = make_optimizer(cfg, cfg.value.pretrain_lr)
 
     param_sh = {k: sharding.state_shardings(v, self.mesh, rules) for k, v in params.items()}
-    opt_state = self.tx.init(params)
+    opt_state = {name: tx.init(params[name]) for name, tx in self.txs.items()}
     value_opt_state = self.value_tx.init(params["value"]) if value is not None else None
     by_path = sharding.path_shardings(param_sh)
     value_by_path = sharding.path_shardings(param_sh.get("value"))
@@ -248,7 +261,7 @@ class Learner:
     loss, grads, metrics = self._accumulate(loss_fn, state.params, batch, old, norm)
     metrics.update(self._tis_metrics(batch, old, norm))
     metrics["loss"] = loss
-    metrics["grad_norm"] = optax.global_norm(grads)  # before clipping
+    metrics.update(_grad_norms(grads))
     metrics["tokens"] = _trunk_tokens(batch)
     return loss, grads, metrics
 
@@ -280,11 +293,20 @@ class Learner:
       mb_norm = _normaliser(mb_batch)
       loss_fn = lambda p, mb, o, mb_n: self._micro_loss(p, rest, mb, o, mb_n, key)
       loss, grads, metrics = self._accumulate(loss_fn, params, mb_batch, mb_old, mb_norm)
-      updates, opt_state = self.tx.update(grads, opt_state, params)
+      norms = _grad_norms(grads)  # before clipping
+      # A non-finite loss or gradient (a broken batch) must not reach the weights: the update is skipped,
+      # parameters and optimizer state stay bit for bit, and it is counted.
+      finite = jnp.isfinite(loss) & jnp.all(jnp.isfinite(jnp.stack(list(norms.values()))))
+      new_params, new_opt_state = {}, {}
+      for name, tx in self.txs.items():
+        updates, new_opt_state[name] = tx.update(grads[name], opt_state[name], params[name])
+        new_params[name] = optax.apply_updates(params[name], updates)
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
       share = mb_norm / norm  # rescales minibatch means so that an epoch's sum is the batch mean
       metrics = {k: v * share for k, v in dict(metrics, loss=loss).items()}
-      metrics["grad_norm"] = optax.global_norm(grads) / cfg.minibatches  # before clipping
-      return (optax.apply_updates(params, updates), opt_state), metrics
+      metrics.update({name: v / cfg.minibatches for name, v in norms.items()})
+      metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
+      return (keep(new_params, params), keep(new_opt_state, opt_state)), metrics
 
     def epoch(carry, xs):
       shuffle_key, keys_e = xs
@@ -297,13 +319,16 @@ class Learner:
 
     (params, opt_state), per_update = jax.lax.scan(epoch, (state.params, state.opt_state),
                                                    (keys[n:], update_keys))
+    skipped = jnp.sum(per_update.pop("skipped"))
     metrics = {k: jnp.sum(v[0]) for k, v in per_update.items()}
     if cfg.epochs > 1:
       metrics.update({f"{k}_last": jnp.sum(v[-1]) for k, v in per_update.items()})
     metrics.update(self._tis_metrics(batch, old, norm))
     metrics["tokens"] = _trunk_tokens(batch)
-    metrics["updates"] = jnp.float32(n)
-    new = dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + n, rng=rng)
+    metrics["updates"] = n - skipped
+    metrics["skipped_updates"] = skipped
+    new = dataclasses.replace(state, params=params, opt_state=opt_state,
+                              step=state.step + n - skipped.astype(jnp.int32), rng=rng)
     return new, metrics
 
   def _pretrain_fn(self, state: TrainState, batch: DeviceBatch, rest):

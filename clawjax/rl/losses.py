@@ -107,9 +107,11 @@ def tis_weights(logp_old: jax.Array, logp_rollout: jax.Array, c_bar: float) -> t
 
 
 def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Array,
-                      eps_low: float, eps_high: float) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) with r = pi_theta / pi_old, and its metrics."""
-  log_ratio = logp - logp_old
+                      eps_low: float, eps_high: float, max_log_ratio: float = 20.0
+                      ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) with r = pi_theta / pi_old (its log clamped to
+  +-max_log_ratio, so that r stays finite), and its metrics."""
+  log_ratio = jnp.clip(logp - logp_old, -max_log_ratio, max_log_ratio)
   ratio = jnp.exp(log_ratio)
   unclipped = ratio * advantages
   clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
@@ -124,18 +126,31 @@ def clipped_surrogate(logp: jax.Array, logp_old: jax.Array, advantages: jax.Arra
 
 
 def k3_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
-  """Per-token KL(pi_theta || pi_ref) estimate exp(d) - d - 1, d = log pi_ref - log pi_theta.
+  """k3 = exp(d) - d - 1, d = log pi_ref - log pi_theta (Schulman, "Approximating KL").
 
-  Unbiased and non-negative on pi_theta samples, as in GRPO (DeepSeekMath); gradients reach logp."""
+  Its value is an unbiased, non-negative estimate of KL(pi_theta || pi_ref) on pi_theta samples, as
+  GRPO (DeepSeekMath) uses it; but as a loss its expected gradient, E_theta[(1 - pi_ref/pi_theta) grad
+  log pi_theta], is the gradient of KL(pi_ref || pi_theta), the reverse KL."""
   d = logp_ref - logp
   return jnp.expm1(d) - d
 
 
+def k2_kl(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+  """k2 = (log pi_theta - log pi_ref)^2 / 2: as a loss its expected gradient on pi_theta samples,
+  E_theta[(log pi_theta - log pi_ref) grad log pi_theta], is exactly the gradient of KL(pi_theta || pi_ref)."""
+  return 0.5 * jnp.square(logp - logp_ref)
+
+
+KL_PENALTIES = {"k3": k3_kl, "k2": k2_kl}
+
+
 def _policy_term(x: TokenInputs, cfg: LearnerConfig, advantages: jax.Array) -> tuple[jax.Array, dict]:
-  loss, metrics = clipped_surrogate(x.logp, x.logp_old, advantages, cfg.eps_low, cfg.eps_high)
+  """The clipped surrogate, plus kl_coef times the KL penalty. Both are scaled by the TIS weight in the
+  step: the penalty's samples come from pi_rollout too, and w corrects them toward pi_old."""
+  loss, metrics = clipped_surrogate(x.logp, x.logp_old, advantages, cfg.eps_low, cfg.eps_high, cfg.max_log_ratio)
   metrics["policy_loss"] = loss
   if cfg.kl_coef:
-    kl = k3_kl(x.logp, x.logp_ref)
+    kl = KL_PENALTIES[cfg.kl_estimator](x.logp, x.logp_ref)
     metrics["kl_ref"] = kl
     loss = loss + cfg.kl_coef * kl
   return loss, metrics

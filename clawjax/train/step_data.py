@@ -1,20 +1,32 @@
 """One RL step's data: call log + rollout records -> filtered trees -> advantages -> packed batches.
 
+Scored rollouts (status "ok", a finite reward within `reward_range`) form the GRPO groups: each group's
+mean and std are taken over all of its scored rollouts, as the paper defines A_i over the n rollouts of
+a task, also over those that are then not trained (dropping them first would change their siblings'
+advantages: a group [1, 1, 0, 0] whose failures are too long would train its successes at A = 0).
+
 Which rollouts are trained (each exclusion is counted under its reason in `StepData.counts`):
+  unreadable  a record of the rollout could not be read (clawjax.calllog.load names the file and line):
+              the rollout is left out whole, not trained on the calls that remain: `unreadable`;
   status      the rollout record is not "ok" (crashed, timed out, unscored): `status_<status>`;
   no_record   calls without a rollout record (the rollout never finished): `no_record`;
-  nonfinite   a reward that is not a finite float never reaches the loss: `nonfinite_reward`;
+  reward      a reward that is not finite, or outside `reward_range` with `out_of_range="reject"`:
+              `nonfinite_reward` / `reward_out_of_range` (never scored, never in a group);
   stale       a call sampled by a policy more than `max_staleness` versions behind the learner:
               the whole rollout is dropped (`stale`); within the bound, TIS corrects it;
   over_branching, empty: the tree filters dropped every call (`over_branching`, `no_trained_calls`);
-  too_long    the kept tree is longer than a packed row (`too_long`).
-Calls are counted by their filter reason (`calls_train`, `calls_retry`, ...).
+  too_long    the kept tree is longer than a packed row (`too_long`);
+  uninformative  with `drop_uninformative_groups`, a rollout of a group whose advantages are all 0
+              (one rollout, or equal rewards): `uninformative` (DAPO's dynamic sampling).
+`scored_untrained` counts the scored rollouts that were not trained, whatever the reason. Calls are
+counted by their filter reason (`calls_train`, `calls_retry`, ...).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 
@@ -24,8 +36,10 @@ from clawjax.calllog import CallRecord, LoadedLog, RolloutRecord
 from clawjax.rl.advantages import grpo_advantages
 from clawjax.tree.batch import PackedBatch, RolloutScores
 from clawjax.tree.build import CallTree
-from clawjax.tree.filters import FilterConfig, filter_rollout
+from clawjax.tree.filters import FilterConfig, FilteredRollout, filter_rollout
 from clawjax.tree.pack import pack_trees, split_for_rows
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +51,23 @@ class BatchConfig:
   # (clawjax.tree.pack, `share_prompts`): the same loss and gradients from fewer tokens. Default on;
   # False packs each rollout's tree as its own segment.
   share_prompts: bool = True
+  # The verifiers' scores lie in [0, 1] (ClawGym checkers and rubric); a reward outside is a broken
+  # checker. "reject": the rollout is not scored (counted); "clip": it is clipped into the range.
+  reward_range: tuple[float, float] = (0.0, 1.0)
+  out_of_range: str = "reject"
+  # Leave out the rollouts of groups whose advantages are all 0 (a single rollout, or equal rewards).
+  # They add no gradient but their tokens count in the loss normaliser N, so off (the paper's GRPO)
+  # the step shrinks with the share of such groups; on, they are counted and not trained.
+  drop_uninformative_groups: bool = False
 
   def __post_init__(self):
     if self.row_len < 1 or self.rows < 1 or self.max_staleness < 0:
       raise ValueError(f"BatchConfig: row_len, rows must be >= 1 and max_staleness >= 0, got {self}")
+    low, high = self.reward_range
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+      raise ValueError(f"BatchConfig.reward_range={self.reward_range}: must be finite with low < high")
+    if self.out_of_range not in ("reject", "clip"):
+      raise ValueError(f"BatchConfig.out_of_range={self.out_of_range!r}: 'reject' or 'clip'")
 
 
 @dataclasses.dataclass
@@ -58,27 +85,42 @@ def _staleness(calls: Sequence[CallRecord], version: int) -> int:
   return version - min(versions) if versions else 0
 
 
-def build_step(log: LoadedLog, *, policy_version: int, filters: FilterConfig,
+def _reward(record: RolloutRecord, batch: BatchConfig) -> tuple[float | None, str | None]:
+  """(the reward to train with, None) or (None, why the rollout has none)."""
+  if record.status != "ok":
+    return None, f"status_{record.status}"
+  if record.reward is None or not math.isfinite(record.reward):
+    return None, "nonfinite_reward"
+  low, high = batch.reward_range
+  if low <= record.reward <= high:
+    return record.reward, None
+  if batch.out_of_range == "clip":
+    return min(max(record.reward, low), high), None
+  log.warning("rollout %s (task %s, %s): reward %r is outside %s; not trained (batch.out_of_range)",
+              record.rollout_id, record.task_id, record.harness, record.reward, batch.reward_range)
+  return None, "reward_out_of_range"
+
+
+def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
                batch: BatchConfig) -> StepData:
   """Everything the learner needs from one step's rollouts (the log of this step only)."""
   counts: collections.Counter[str] = collections.Counter()
-  trainable: list[RolloutRecord] = []
-  trees: dict[str, CallTree] = {}
-  rewards: dict[str, float] = {}
-  stats = collections.Counter()
-  for rid in log.rollout_ids():
-    record = log.rollouts.get(rid)
-    calls = log.calls.get(rid, [])
+  scored: list[RolloutRecord] = []
+  kept_filter: dict[str, FilteredRollout] = {}
+  for rid, problem in sorted(loaded.excluded.items()):
+    counts["unreadable"] += 1
+    log.warning("rollout %s left out: a record could not be read: %s", rid, problem)
+  for rid in loaded.rollout_ids():
+    record = loaded.rollouts.get(rid)
+    calls = loaded.calls.get(rid, [])
     if record is None:
       counts["no_record"] += 1
       continue
-    if record.status != "ok":
-      counts[f"status_{record.status}"] += 1
+    reward, why = _reward(record, batch)
+    if why:
+      counts[why] += 1
       continue
-    if record.reward is None or not math.isfinite(record.reward):
-      counts["nonfinite_reward"] += 1
-      continue
-    rewards[rid] = record.reward
+    scored.append(dataclasses.replace(record, reward=reward))
     if _staleness(calls, policy_version) > batch.max_staleness:
       counts["stale"] += 1
       continue
@@ -94,33 +136,36 @@ def build_step(log: LoadedLog, *, policy_version: int, filters: FilterConfig,
     if f.tree.size > batch.row_len:
       counts["too_long"] += 1
       continue
-    trees[rid] = f.tree
-    trainable.append(record)
-    stats["unique_tokens"] += f.tree.size
-    stats["path_tokens"] += f.tree.path_tokens()
-    stats["loss_tokens"] += int((f.tree.owner_T >= 0).sum())
-    stats["leaves"] += f.leaves
-    stats["drift_calls"] += f.drift_calls
-  scores = grpo_advantages(trainable)
-  kept = [trees[rid] for rid in scores.rollout_ids]
+    kept_filter[rid] = f
+  scores = grpo_advantages(scored)
+  kept_ids = [rid for rid in scores.rollout_ids if rid in kept_filter]
+  if batch.drop_uninformative_groups:
+    informative = set(scores.group_ids_N[scores.advantages_N != 0].tolist())
+    group_of = dict(zip(scores.rollout_ids, scores.group_ids_N.tolist()))
+    counts["uninformative"] = sum(group_of[rid] not in informative for rid in kept_ids)
+    kept_ids = [rid for rid in kept_ids if group_of[rid] in informative]
+  counts["scored_untrained"] = len(scored) - len(kept_ids)
+  kept = [kept_filter[rid].tree for rid in kept_ids]
   if batch.share_prompts:  # a group's rollouts side by side, so that they land in one update
-    kept = [kept[i] for i in np.argsort(scores.group_ids_N, kind="stable")]
+    index = scores.index()
+    kept = [kept[i] for i in np.argsort([scores.group_ids_N[index[t.rollout_id]] for t in kept], kind="stable")]
   layout = dict(row_len=batch.row_len, rows=batch.rows)
   batches = [pack_trees(part, scores, share_prompts=batch.share_prompts, **layout)
              for part in split_for_rows(kept, scores=scores, share_prompts=batch.share_prompts, **layout)]
-  n = max(len(kept), 1)
+  unique = sum(t.size for t in kept)
   tree_stats = {
       "trained_rollouts": float(len(kept)),
-      "unique_tokens": float(stats["unique_tokens"]),
-      "loss_tokens": float(stats["loss_tokens"]),
+      "unique_tokens": float(unique),
+      "loss_tokens": float(sum(int((t.owner_T >= 0).sum()) for t in kept)),
       # path tokens / unique tokens: how much the tree layout saves over one row per path.
-      "tree_dedup_ratio": stats["path_tokens"] / max(stats["unique_tokens"], 1),
-      "leaves_mean": stats["leaves"] / n,
-      "drift_calls": float(stats["drift_calls"]),
+      "tree_dedup_ratio": sum(t.path_tokens() for t in kept) / max(unique, 1),
+      "leaves_mean": sum(kept_filter[rid].leaves for rid in kept_ids) / max(len(kept_ids), 1),
+      "drift_calls": float(sum(kept_filter[rid].drift_calls for rid in kept_ids)),
       "singleton_groups": float(scores.singleton_groups),
       "zero_variance_groups": float(scores.zero_variance_groups),
   }
-  groups = {rid: (r.task_id, r.harness) for rid, r in log.rollouts.items()}
+  groups = {rid: (r.task_id, r.harness) for rid, r in loaded.rollouts.items()}
+  rewards = {r.rollout_id: r.reward for r in scored}
   return StepData(batches, scores, dict(counts), rewards, groups, tree_stats)
 
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import numpy as np
 
-from clawjax.calllog import LoadedLog
+from clawjax.calllog import CallLogWriter, LoadedLog, load
 from clawjax.train.step_data import BatchConfig, build_step, reward_metrics
-from clawjax.tree.filters import FilterConfig
+from clawjax.tree.filters import FilterConfig, filter_rollout
 from clawjax.tree.synthetic import agent_group
 
 SMALL = dict(prompt_len=60, n_calls=3, tokens_per_call=20, vocab_size=500)
@@ -72,9 +72,87 @@ def test_excluded_rollouts_are_counted_and_never_trained():
   assert data.counts["no_record"] == 1
   trained = {rid for b in data.batches for rid in b.rollout_ids_N}
   assert trained == {outs[i].rollout_id for i in (0, 5, 6)}
-  for i, a in zip((0, 5, 6), _reference([0.0, 0.5, 0.2])):
-    np.testing.assert_allclose(_token_advantages(data)[outs[i].rollout_id].pop(), a, rtol=1e-5)
+  # The group's statistics include the stale rollout: it is scored, only not trained.
+  want = dict(zip((0, 4, 5, 6), _reference([0.0, 0.5, 0.5, 0.2])))
+  for i in (0, 5, 6):
+    np.testing.assert_allclose(_token_advantages(data)[outs[i].rollout_id].pop(), want[i], rtol=1e-5)
+  assert data.counts["scored_untrained"] == 1
   assert all(np.isfinite(b.advantages_RT).all() and np.isfinite(b.returns_RT).all() for b in data.batches)
+
+
+def test_group_statistics_cover_every_scored_rollout():
+  """Rewards [1, 1, 0, 0] whose two failures are too long to train: the successes keep A = +1, as over
+  the whole group, instead of a zero-variance group of two successes at A = 0."""
+  rng = np.random.default_rng(3)
+  short = agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[1.0, 1.0], **SMALL)
+  long = agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[0.0, 0.0],
+                     **{**SMALL, "n_calls": 12})
+  long = ([dataclasses.replace(c, rollout_id=c.rollout_id + "-long") for c in long[0]],
+          [dataclasses.replace(o, rollout_id=o.rollout_id + "-long") for o in long[1]])
+  row_len = max(_tree_size(short)) + 1
+  assert min(_tree_size(long)) > row_len
+  data = build_step(_log([short, long]), policy_version=0, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=row_len, rows=4))
+  assert data.counts["too_long"] == 2 and data.counts["scored_untrained"] == 2
+  got = _token_advantages(data)
+  assert set(got) == {o.rollout_id for o in short[1]}
+  for rid in got:
+    np.testing.assert_allclose(got[rid].pop(), _reference([1.0, 1.0, 0.0, 0.0])[0], rtol=1e-5)  # +1
+  assert data.tree_stats["zero_variance_groups"] == 0
+
+
+def _tree_size(group) -> list[int]:
+  calls, outs = group
+  return [filter_rollout(o.rollout_id, [c for c in calls if c.rollout_id == o.rollout_id]).tree.size
+          for o in outs]
+
+
+def test_rewards_out_of_range_are_rejected_or_clipped():
+  rng = np.random.default_rng(4)
+  calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=4, rewards=[0.0, 1.0, 0.5, 0.5], **SMALL)
+  outs[2] = dataclasses.replace(outs[2], reward=1e308)  # a broken checker's "score"
+  rejected = build_step(_log([(calls, outs)]), policy_version=0, filters=FilterConfig(),
+                        batch=BatchConfig(row_len=4096, rows=4))
+  assert rejected.counts["reward_out_of_range"] == 1 and outs[2].rollout_id not in rejected.rewards
+  got = _token_advantages(rejected)
+  for i, a in zip((0, 1, 3), _reference([0.0, 1.0, 0.5])):
+    np.testing.assert_allclose(got[outs[i].rollout_id].pop(), a, rtol=1e-5)
+  clipped = build_step(_log([(calls, outs)]), policy_version=0, filters=FilterConfig(),
+                       batch=BatchConfig(row_len=4096, rows=4, out_of_range="clip"))
+  assert clipped.rewards[outs[2].rollout_id] == 1.0
+  assert all(np.isfinite(b.advantages_RT).all() for b in clipped.batches)
+
+
+def test_uninformative_groups_can_be_left_out():
+  rng = np.random.default_rng(5)
+  flat = agent_group(rng, task_id="flat", harness="mini", n_rollouts=3, rewards=[1.0, 1.0, 1.0], **SMALL)
+  spread = agent_group(rng, task_id="spread", harness="mini", n_rollouts=3, rewards=[0.0, 1.0, 0.5], **SMALL)
+  kept = build_step(_log([flat, spread]), policy_version=0, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
+  assert len({rid for b in kept.batches for rid in b.rollout_ids_N}) == 6  # the paper's GRPO: all trained
+  left_out = build_step(_log([flat, spread]), policy_version=0, filters=FilterConfig(),
+                        batch=BatchConfig(row_len=4096, rows=4, drop_uninformative_groups=True))
+  assert {rid for b in left_out.batches for rid in b.rollout_ids_N} == {o.rollout_id for o in spread[1]}
+  assert left_out.counts["uninformative"] == 3 and left_out.rewards.keys() == kept.rewards.keys()
+
+
+def test_a_rollout_with_an_unreadable_call_is_left_out_whole(tmp_path):
+  rng = np.random.default_rng(6)
+  calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[0.0, 1.0], **SMALL)
+  for o in outs:
+    with CallLogWriter(tmp_path / f"{o.rollout_id.replace('/', '_')}.jsonl") as w:
+      for c in calls:
+        if c.rollout_id == o.rollout_id:
+          w.write(c)
+      w.write(o)
+  broken = tmp_path / f"{outs[0].rollout_id.replace('/', '_')}.jsonl"
+  lines = broken.read_text().splitlines(keepends=True)
+  broken.write_text(lines[0] + lines[1][:40] + "\n" + "".join(lines[2:]))  # one call's line torn
+  loaded = load(tmp_path, errors="collect")
+  assert outs[0].rollout_id in loaded.excluded and outs[0].rollout_id in loaded.problems[0]
+  data = build_step(loaded, policy_version=0, filters=FilterConfig(), batch=BatchConfig(row_len=4096, rows=4))
+  assert data.counts["unreadable"] == 1
+  assert {rid for b in data.batches for rid in b.rollout_ids_N} == {outs[1].rollout_id}
 
 
 def test_tree_longer_than_a_row_is_counted_not_fatal():
