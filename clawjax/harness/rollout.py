@@ -14,6 +14,8 @@ Status of the record (only "ok" rollouts are trained on; the others are counted)
   error    the rollout ran but has no reward (the checker or judge produced no score).
 A harness that exits non-zero after a successful last call (e.g. it hit its own turn limit) is "ok":
 the checker decides its reward.
+
+Every record's `extra` says which isolation the harness ran under (`sandbox.isolation` names the fields).
 """
 
 from __future__ import annotations
@@ -151,7 +153,7 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
   root = pathlib.Path(config.work_root or tempfile.gettempdir()) / "clawjax-rollouts"
   rollout_dir = root / rollout_id
   rollout_dir.mkdir(parents=True)
-  extra: dict[str, Any] = {"task_source": task.source}
+  extra: dict[str, Any] = {"task_source": task.source, "sandbox_mode": config.sandbox.mode}
   calls: list[dict[str, Any]] = []
   status, reward, registered, finished = "failed", None, False, False
   t0 = time.time()
@@ -171,8 +173,7 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
         stdout_path=rollout_dir / "stdout.txt", stderr_path=rollout_dir / "stderr.txt",
         ro_paths=cmd.ro_paths, loopback_ports=[port] if port else [],
         workspace_mount=task.mount_dir, hidden_paths=[task_source_path(task)]), config.sandbox)
-    extra.update(exit_code=run.returncode, harness_wall_s=round(run.wall_s, 3), sandbox=run.sandbox,
-                 network=run.network, sandbox_fallback=run.fallback_reason)
+    extra.update(exit_code=run.returncode, harness_wall_s=round(run.wall_s, 3), **run.isolation())
     stdout = _tail(rollout_dir / "stdout.txt", 1 << 20)
     extra["harness_result"] = adapter.result(stdout)
     extra["stdout_tail"] = stdout[-config.output_tail_chars:]
