@@ -16,6 +16,8 @@ A harness that exits non-zero after a successful last call (e.g. it hit its own 
 the checker decides its reward.
 
 Every record's `extra` says which isolation the harness ran under (`sandbox.isolation` names the fields).
+A rollout's dirs lie in this process's run dir, WORK_ROOT/clawjax-rollouts/<run id>/<rollout id>/ (see
+rundirs.py: a killed run's are removed by the next start).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import logging
 import pathlib
 import secrets
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -36,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawjax.calllog import CallLogWriter, RolloutRecord
-from clawjax.harness import sandbox
+from clawjax.harness import rundirs, sandbox
 from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
 from clawjax.harness.pool import run_concurrently
@@ -55,7 +56,7 @@ class RolloutConfig:
   settle_interval_s: float = 0.5   # between polls
   settle_timeout_s: float = 60.0   # give up settling after this long (the record says so)
   http_timeout_s: float = 30.0     # one admin API request
-  work_root: str | None = None     # per-rollout dirs (workspace, HOME, output); None: system temp
+  work_root: str | None = None     # holds clawjax-rollouts/<run id>/<rollout id>/; None: system temp
   keep_dirs: bool = False          # keep the workspace, HOME and harness output after the rollout
   output_tail_chars: int = 4000    # of the harness's stdout/stderr kept in the record's `extra`
   harness: HarnessOptions = HarnessOptions()
@@ -150,9 +151,8 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
   adapter = get_adapter(harness) if isinstance(harness, str) else harness
   rollout_id = rollout_id or f"r-{secrets.token_hex(8)}"
   client = ShimClient(shim_url, config.http_timeout_s)
-  root = pathlib.Path(config.work_root or tempfile.gettempdir()) / "clawjax-rollouts"
-  rollout_dir = root / rollout_id
-  rollout_dir.mkdir(parents=True)
+  rollout_dir = rundirs.current_run().dir(rundirs.rollouts_root(config.work_root)) / rollout_id
+  rollout_dir.mkdir()
   extra: dict[str, Any] = {"task_source": task.source, "sandbox_mode": config.sandbox.mode}
   calls: list[dict[str, Any]] = []
   status, reward, registered, finished = "failed", None, False, False

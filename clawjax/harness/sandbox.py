@@ -15,6 +15,9 @@ need the isolation use `mode="bwrap"`, which refuses to run without it (`Sandbox
 install command); `isolation(config)` says before a run what its rollouts will run under, with the
 fields each rollout record carries.
 
+Relay sockets live in this run's dir under the system temp dir (see rundirs.py), so a killed run's are
+removed by the next start.
+
 On timeout the whole process group is killed (SIGKILL); under bubblewrap the PID namespace guarantees
 that every descendant dies with it.
 """
@@ -36,7 +39,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from clawjax.harness import relay
+from clawjax.harness import relay, rundirs
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +214,8 @@ def run(spec: SandboxSpec, config: SandboxConfig = SandboxConfig()) -> SandboxRe
   with ExitStack() as stack:
     relay_dir = None
     if relayed:
-      relay_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="clawjax-relay-"))
+      relay_dir = stack.enter_context(tempfile.TemporaryDirectory(
+          prefix="r-", dir=rundirs.current_run().dir(rundirs.relays_root())))
       for port in spec.loopback_ports:
         stack.enter_context(relay.UnixToTcp(f"{relay_dir}/{port}.sock", port))
     if use_bwrap:
