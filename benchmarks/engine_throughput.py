@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from clawjax.engine.engine import Engine, EngineConfig
+from clawjax.environment import describe as describe_environment
 from clawjax.serving.backends.base import SamplingParams
 from clawjax.models.loading import load_model
 
@@ -111,6 +112,7 @@ def main() -> None:
   results["vllm"] = ("installed: run it side by side (not automated here)" if importlib.util.find_spec("vllm")
                      else "not installed: not measured")
   results["load_avg_1m_end"] = os.getloadavg()[0]
+  results["environment"] = describe_environment()
   if args.json:
     print(json.dumps(results))
   else:

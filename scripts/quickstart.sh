@@ -3,4 +3,6 @@
 # engine, trained with GRPO behind the mini harness on tasks scored by real checkers (~10 min, 2 cores).
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
+# Rollouts run in bubblewrap where it works (sandbox mode "auto"; each rollout record says which).
+ensure_bubblewrap
 exec python experiments/train.py --config=configs/quickstart.py --workdir=runs/quickstart "$@"

@@ -14,6 +14,10 @@ Status of the record (only "ok" rollouts are trained on; the others are counted)
   error    the rollout ran but has no reward (the checker or judge produced no score).
 A harness that exits non-zero after a successful last call (e.g. it hit its own turn limit) is "ok":
 the checker decides its reward.
+
+Every record's `extra` says which isolation the harness ran under (`sandbox.isolation` names the fields).
+A rollout's dirs lie in this process's run dir, WORK_ROOT/clawjax-rollouts/<run id>/<rollout id>/ (see
+rundirs.py: a killed run's are removed by the next start).
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import logging
 import pathlib
 import secrets
 import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -34,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawjax.calllog import CallLogWriter, RolloutRecord
-from clawjax.harness import sandbox
+from clawjax.harness import rundirs, sandbox
 from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
 from clawjax.harness.pool import run_concurrently
@@ -53,7 +56,7 @@ class RolloutConfig:
   settle_interval_s: float = 0.5   # between polls
   settle_timeout_s: float = 60.0   # give up settling after this long (the record says so)
   http_timeout_s: float = 30.0     # one admin API request
-  work_root: str | None = None     # per-rollout dirs (workspace, HOME, output); None: system temp
+  work_root: str | None = None     # holds clawjax-rollouts/<run id>/<rollout id>/; None: system temp
   keep_dirs: bool = False          # keep the workspace, HOME and harness output after the rollout
   output_tail_chars: int = 4000    # of the harness's stdout/stderr kept in the record's `extra`
   harness: HarnessOptions = HarnessOptions()
@@ -148,10 +151,9 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
   adapter = get_adapter(harness) if isinstance(harness, str) else harness
   rollout_id = rollout_id or f"r-{secrets.token_hex(8)}"
   client = ShimClient(shim_url, config.http_timeout_s)
-  root = pathlib.Path(config.work_root or tempfile.gettempdir()) / "clawjax-rollouts"
-  rollout_dir = root / rollout_id
-  rollout_dir.mkdir(parents=True)
-  extra: dict[str, Any] = {"task_source": task.source}
+  rollout_dir = rundirs.current_run().dir(rundirs.rollouts_root(config.work_root)) / rollout_id
+  rollout_dir.mkdir()
+  extra: dict[str, Any] = {"task_source": task.source, "sandbox_mode": config.sandbox.mode}
   calls: list[dict[str, Any]] = []
   status, reward, registered, finished = "failed", None, False, False
   t0 = time.time()
@@ -171,8 +173,7 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
         stdout_path=rollout_dir / "stdout.txt", stderr_path=rollout_dir / "stderr.txt",
         ro_paths=cmd.ro_paths, loopback_ports=[port] if port else [],
         workspace_mount=task.mount_dir, hidden_paths=[task_source_path(task)]), config.sandbox)
-    extra.update(exit_code=run.returncode, harness_wall_s=round(run.wall_s, 3), sandbox=run.sandbox,
-                 network=run.network, sandbox_fallback=run.fallback_reason)
+    extra.update(exit_code=run.returncode, harness_wall_s=round(run.wall_s, 3), **run.isolation())
     stdout = _tail(rollout_dir / "stdout.txt", 1 << 20)
     extra["harness_result"] = adapter.result(stdout)
     extra["stdout_tail"] = stdout[-config.output_tail_chars:]

@@ -10,7 +10,13 @@ for it (task checkers, call logs, other rollouts' workspaces).
 
 Without bubblewrap, or when it cannot create namespaces here, `mode="auto"` falls back to a plain
 subprocess in its own process group, with a warning in the log and `SandboxResult.sandbox == "none"`:
-the workspace is then only the working directory, the file system and network are the host's.
+the workspace is then only the working directory, the file system and network are the host's. Runs that
+need the isolation use `mode="bwrap"`, which refuses to run without it (`SandboxError`, naming the
+install command); `isolation(config)` says before a run what its rollouts will run under, with the
+fields each rollout record carries.
+
+Relay sockets live in this run's dir under the system temp dir (see rundirs.py), so a killed run's are
+removed by the next start.
 
 On timeout the whole process group is killed (SIGKILL); under bubblewrap the PID namespace guarantees
 that every descendant dies with it.
@@ -31,8 +37,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from typing import Any
 
-from clawjax.harness import relay
+from clawjax.harness import relay, rundirs
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,7 @@ log = logging.getLogger(__name__)
 # shells, CA bundles and DNS configuration live in.
 SYSTEM_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _RELAY_DIR = "/run/clawjax-relay"
+INSTALL_HINT = "apt-get install -y bubblewrap"
 
 
 class SandboxError(RuntimeError):
@@ -94,6 +102,12 @@ class SandboxResult:
   sandbox: str             # "bwrap" or "none"
   network: str             # "loopback-relay" (only the relayed ports), "host" (everything)
   fallback_reason: str | None  # why a "none" sandbox was used, when it was not asked for
+  mode: str                # the SandboxConfig.mode asked for
+
+  def isolation(self) -> dict[str, Any]:
+    """The isolation this ran under, as rollout records and run summaries carry it (see `isolation`)."""
+    return {"sandbox_mode": self.mode, "sandbox": self.sandbox, "network": self.network,
+            "sandbox_fallback": self.fallback_reason}
 
 
 @functools.cache
@@ -101,7 +115,7 @@ def bwrap_problem() -> str | None:
   """None when bubblewrap can create the namespaces used here; else the reason it cannot."""
   exe = shutil.which("bwrap")
   if exe is None:
-    return "bwrap not found on PATH (Debian: apt-get install -y bubblewrap)"
+    return f"bwrap not found on PATH (Debian: {INSTALL_HINT})"
   try:
     proc = subprocess.run([exe, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
                           capture_output=True, text=True, timeout=30)
@@ -110,6 +124,22 @@ def bwrap_problem() -> str | None:
   if proc.returncode != 0:
     return f"bwrap cannot create namespaces here: {proc.stderr.strip()[-500:]}"
   return None
+
+
+def isolation(config: SandboxConfig) -> dict[str, Any]:
+  """What harnesses run under with `config` on this host, as the fields each rollout record's `extra`
+  carries: sandbox_mode (asked), sandbox ("bwrap" / "none"), network ("loopback-relay" / "host"),
+  sandbox_fallback (why "auto" fell back, else None). Raises SandboxError for mode="bwrap" without a
+  working bubblewrap: call it at the start of a run to fail before any rollout."""
+  problem = None if config.mode == "none" else bwrap_problem()
+  if problem and config.mode == "bwrap":
+    raise SandboxError(f"SandboxConfig.mode='bwrap' but {problem}. Install bubblewrap (`{INSTALL_HINT}` on "
+                       "Debian/Ubuntu, as root) on a host that lets it create user namespaces, or choose "
+                       "mode='auto' / 'none' to run harnesses without isolation")
+  use_bwrap = config.mode != "none" and problem is None
+  return {"sandbox_mode": config.mode, "sandbox": "bwrap" if use_bwrap else "none",
+          "network": "loopback-relay" if use_bwrap and config.isolate_network else "host",
+          "sandbox_fallback": problem}
 
 
 def _clawjax_dir() -> pathlib.Path:
@@ -174,21 +204,18 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
 
 def run(spec: SandboxSpec, config: SandboxConfig = SandboxConfig()) -> SandboxResult:
   """Runs `spec` to completion or timeout; stdout/stderr go to the spec's files."""
-  fallback_reason = None
-  use_bwrap = config.mode != "none"
-  if use_bwrap and (problem := bwrap_problem()):
-    if config.mode == "bwrap":
-      raise SandboxError(f"SandboxConfig.mode='bwrap' but {problem}")
-    fallback_reason = problem
-    use_bwrap = False
-    log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", problem)
+  iso = isolation(config)
+  use_bwrap = iso["sandbox"] == "bwrap"
+  if iso["sandbox_fallback"]:
+    log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", iso["sandbox_fallback"])
   env = {"HOME": str(spec.home), **spec.env}
   # Relay only when the network is isolated; a shared network reaches the shim directly.
   relayed = use_bwrap and config.isolate_network and bool(spec.loopback_ports)
   with ExitStack() as stack:
     relay_dir = None
     if relayed:
-      relay_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="clawjax-relay-"))
+      relay_dir = stack.enter_context(tempfile.TemporaryDirectory(
+          prefix="r-", dir=rundirs.current_run().dir(rundirs.relays_root())))
       for port in spec.loopback_ports:
         stack.enter_context(relay.UnixToTcp(f"{relay_dir}/{port}.sock", port))
     if use_bwrap:
@@ -210,6 +237,5 @@ def run(spec: SandboxSpec, config: SandboxConfig = SandboxConfig()) -> SandboxRe
         raise
   return SandboxResult(
       returncode=None if timed_out else proc.returncode, timed_out=timed_out,
-      wall_s=time.monotonic() - t0, sandbox="bwrap" if use_bwrap else "none",
-      network="loopback-relay" if use_bwrap and config.isolate_network else "host",
-      fallback_reason=fallback_reason)
+      wall_s=time.monotonic() - t0, sandbox=iso["sandbox"], network=iso["network"],
+      fallback_reason=iso["sandbox_fallback"], mode=config.mode)

@@ -37,7 +37,7 @@ def test_concurrent_rollouts_each_get_their_own_log(make_shim, template, hello_t
     assert logged == o.record
     assert len(calls) == 2 and [tree.reasons[i] for i in range(2)] == ["train", "train"]
     assert o.rollout_dir is None and not list((tmp_path / "work" / "clawjax-rollouts").glob(
-        o.record.rollout_id))  # removed (keep_dirs=False)
+        f"*/{o.record.rollout_id}"))  # removed (keep_dirs=False)
 
 
 def test_harness_past_its_timeout_is_killed_and_marked(make_shim, hello_task, tmp_path):

@@ -1,5 +1,7 @@
-"""The sandbox: isolation under bubblewrap (files, network, process lifetime) and the honest fallback."""
+"""The sandbox: isolation under bubblewrap (files, network, process lifetime), the honest fallback, and
+mode="bwrap" refusing to run without it."""
 
+import dataclasses
 import http.server
 import logging
 import os
@@ -13,6 +15,8 @@ import time
 import pytest
 
 from clawjax.harness import sandbox
+from clawjax.harness.rollout import RolloutConfig, run_rollout
+from clawjax.serving.backends.scripted import ScriptTurn
 
 needs_bwrap = pytest.mark.skipif(sandbox.bwrap_problem() is not None,
                                  reason=f"bubblewrap unusable: {sandbox.bwrap_problem()}")
@@ -171,10 +175,44 @@ def test_auto_mode_falls_back_loudly_when_bwrap_cannot_run(dirs, monkeypatch, ca
     result, out, _ = _run(dirs, "import os; print(os.getcwd())")
   assert (result.sandbox, result.network) == ("none", "host")
   assert result.fallback_reason == "bwrap not found on PATH"
+  assert result.isolation() == sandbox.isolation(sandbox.SandboxConfig()) == {
+      "sandbox_mode": "auto", "sandbox": "none", "network": "host", "sandbox_fallback": "bwrap not found on PATH"}
   assert "falling back to a plain subprocess" in caplog.text
   assert out.strip() == str(dirs[1])
-  with pytest.raises(sandbox.SandboxError, match="bwrap not found"):
-    _run(dirs, "pass", sandbox.SandboxConfig(mode="bwrap"))
+
+
+@pytest.mark.parametrize("problem", ["bwrap not found on PATH (Debian: apt-get install -y bubblewrap)",
+                                     "bwrap cannot create namespaces here: Operation not permitted"])
+def test_bwrap_mode_refuses_to_run_without_it_and_names_the_install(dirs, monkeypatch, problem):
+  monkeypatch.setattr(sandbox, "bwrap_problem", lambda: problem)
+  config = sandbox.SandboxConfig(mode="bwrap")
+  for attempt in (lambda: sandbox.isolation(config), lambda: _run(dirs, "open('ran', 'w')", config)):
+    with pytest.raises(sandbox.SandboxError) as e:
+      attempt()
+    assert problem in str(e.value) and "`apt-get install -y bubblewrap`" in str(e.value)
+  assert not (dirs[1] / "ran").exists()
+
+
+@needs_bwrap
+def test_isolation_says_what_each_mode_runs_under():
+  assert sandbox.isolation(sandbox.SandboxConfig(mode="bwrap")) == {
+      "sandbox_mode": "bwrap", "sandbox": "bwrap", "network": "loopback-relay", "sandbox_fallback": None}
+  assert sandbox.isolation(sandbox.SandboxConfig(isolate_network=False))["network"] == "host"
+  assert sandbox.isolation(sandbox.SandboxConfig(mode="none")) == {
+      "sandbox_mode": "none", "sandbox": "none", "network": "host", "sandbox_fallback": None}
+
+
+def test_a_rollout_record_says_it_ran_without_isolation(make_shim, hello_task, tmp_path, monkeypatch):
+  monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not found on PATH")
+  shim = make_shim([ScriptTurn(text="Done.")])
+  config = RolloutConfig(timeout_s=60, settle_interval_s=0.05, settle_checks=2, work_root=str(tmp_path / "w"))
+  extra = run_rollout(shim.url, hello_task, "mini", config).record.extra
+  assert {k: extra[k] for k in ("sandbox_mode", "sandbox", "network", "sandbox_fallback")} == {
+      "sandbox_mode": "auto", "sandbox": "none", "network": "host", "sandbox_fallback": "bwrap not found on PATH"}
+  failed = run_rollout(shim.url, hello_task, "mini", dataclasses.replace(
+      config, sandbox=sandbox.SandboxConfig(mode="bwrap"))).record
+  assert failed.status == "failed" and failed.extra["sandbox_mode"] == "bwrap"
+  assert "apt-get install -y bubblewrap" in failed.extra["reason"]
 
 
 @needs_bwrap
