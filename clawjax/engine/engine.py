@@ -7,7 +7,8 @@ slot at once. Requests come in from any thread (`submit`) or from asyncio (`gene
 follow the tokens as they are sampled (`on_token`, called on the engine thread; `generate`'s
 `on_tokens` runs on the caller's event loop, before the result is delivered).
 
-Policy versions: the initial weights are version 0 and every update adds 1. A request runs entirely on
+Policy versions: the initial weights are version `version` (0 by default) and every update adds 1, or sets
+the version its caller names (a trainer names its step; a version never goes back). A request runs entirely on
 the version it was admitted under. With update_mode "drain" an update waits until the requests in
 flight finish (no new request is admitted meanwhile); with "abort" the requests in flight end at once
 with finish_reason "abort" and the tokens sampled so far, all from the old version.
@@ -89,6 +90,7 @@ class _Request:
 class _Update:
   weights: Any
   done: concurrent.futures.Future
+  version: int | None = None  # None: the current version + 1
 
 
 def _key_data(seed: int) -> np.ndarray:
@@ -100,11 +102,11 @@ def _key_data(seed: int) -> np.ndarray:
 class Engine:
   """Batched KV-cache generation with one model; thread-safe; call `close()` when done."""
 
-  def __init__(self, model, config: EngineConfig = EngineConfig()):
+  def __init__(self, model, config: EngineConfig = EngineConfig(), version: int = 0):
     self.config = config
     self.runner = KVRunner(model, config)
     self._weights = self.runner.weights(nnx.state(model))
-    self.version = 0
+    self.version = version
     self._cache = self.runner.init_cache()
     self._prefix = SlotPrefixCache(config.max_slots)
     self._slots: list[_Request | None] = [None] * config.max_slots
@@ -147,23 +149,26 @@ class Engine:
       on_token = lambda token, logprob: loop.call_soon_threadsafe(on_tokens, (token,))
     return await asyncio.wrap_future(self.submit(input_ids, sampling, on_token))
 
-  def update_params(self, state) -> int:
-    """Replaces the weights with `state` (an nnx.State of the same model); returns the new version.
+  def update_params(self, state, version: int | None = None) -> int:
+    """Replaces the weights with `state` (an nnx.State of the same model); returns the new version:
+    `version` (which must be above the current one), or the current one + 1.
 
     Blocks until the update is applied (see the module docstring for requests in flight). The weights are
     copied into the engine's layout here, in the caller's thread; `state` is not modified.
     """
+    if version is not None and version <= self.version:
+      raise EngineError(f"weight version {version} is not above the engine's {self.version}")
     weights = self.runner.weights(state)
     done: concurrent.futures.Future = concurrent.futures.Future()
     with self._cv:
       if self._closed:
         raise EngineError("engine is shut down", status=503)
-      self._updates.append(_Update(weights, done))
+      self._updates.append(_Update(weights, done, version))
       self._cv.notify()
     return done.result()
 
-  def update_from_model(self, model) -> int:
-    return self.update_params(nnx.state(model))
+  def update_from_model(self, model, version: int | None = None) -> int:
+    return self.update_params(nnx.state(model), version)
 
   def flush_cache(self) -> None:
     """Forgets every retained prefix (takes effect before the next admission)."""
@@ -252,7 +257,7 @@ class Engine:
     with self._cv:
       self._updates.popleft()
       self._weights = update.weights
-      self.version += 1
+      self.version = self.version + 1 if update.version is None else update.version
     self._prefix.flush()
     update.done.set_result(self.version)
 

@@ -151,13 +151,14 @@ def category_table(score: BenchmarkScore) -> Table:
   return Table(columns, rows)
 
 
-def write_summary(run: Run) -> str:
-  """Writes summary.md and summary.json into the run directory; returns the Markdown."""
+def write_summary(run: Run, extra: dict[str, Any] | None = None) -> str:
+  """Writes summary.md and summary.json (with `extra`, e.g. the isolation rollouts ran under) into the
+  run directory; returns the Markdown."""
   score = summarize(run.results, run.info.unscored)
   text = (f"# {run.info.benchmark}: {run.info.row[0]} / {run.info.model_label}\n\n"
           f"{assemble([run], paper_rows=False).markdown()}\n{category_table(score).markdown()}")
   workdir = pathlib.Path(run.path)
   (workdir / SUMMARY_MD).write_text(text, encoding="utf-8")
   (workdir / SUMMARY_JSON).write_text(json.dumps(
-      {**dataclasses.asdict(run.info), **score.to_json()}, indent=2) + "\n", encoding="utf-8")
+      {**dataclasses.asdict(run.info), **score.to_json(), **(extra or {})}, indent=2) + "\n", encoding="utf-8")
   return text

@@ -12,7 +12,8 @@
    `workdir/calls/`), or of a `backend` the caller passes (a scripted policy in tests).
 4. Rollouts run `concurrency` at a time, each reported to `results.jsonl` as it finishes, with a
    progress bar.
-5. `summary.md` / `summary.json` (report.py) are rewritten from the results.
+5. `summary.md` / `summary.json` (report.py) are rewritten from the results; summary.json also says
+   which isolation the rollouts ran under, and environment.json what the run ran on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from clawjax.evaluation.config import EvalConfig
 from clawjax.evaluation.results import ResultsError, ResultsWriter, TaskResult, latest, load_results
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome
 from clawjax.run.session import PolicySession, RolloutJob
+from clawjax.run.start import start_run
 from clawjax.serving.backends.base import Backend
 from clawjax.tasks import Task, select_tasks
 
@@ -96,6 +98,7 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   info = run_info(config)
   _pin_run_info(workdir, info)
+  isolation = start_run(config.rollout, workdir)
   try:
     tasks = select_tasks(config.tasks, config.task_ids, config.max_tasks)
   except ValueError as e:  # the user's config (an unknown or duplicate id): eval.py prints it without a trace
@@ -122,5 +125,5 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   run = report.Run(str(workdir), info, [r for k, r in done.items() if k in wanted])
   if len(run.results) != len(wanted):
     raise ResultsError(f"{results_path}: {len(wanted) - len(run.results)} rollouts have no result")
-  report.write_summary(run)
+  report.write_summary(run, {"isolation": isolation})
   return run

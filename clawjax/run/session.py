@@ -67,17 +67,22 @@ def chat_template(model: ModelSettings) -> ChatTemplate:
   return load_template(model.template or model.init, model.template_family)
 
 
-class PolicySession:
-  """The policy behind the shim for one run (a context manager); `version` is the engine's policy
-  version of the weights it serves."""
+class PolicyUpdateError(RuntimeError):
+  """The engine did not take new weights, or reports another version than the one pushed."""
 
-  def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None,
+
+class PolicySession:
+  """The policy behind the shim for one run (a context manager). `version` is the policy version of the
+  weights it serves: a trainer names its RL step (0: the weights it started from) and every call the
+  engine answers records the version that sampled it."""
+
+  def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None, version: int = 0,
                backend: Backend | None = None, shim_url: str | None = None, seed: int = 0,
                workdir: str | pathlib.Path | None = None):
     self.cfg = cfg
     self.engine = None
     self.shim: ShimThread | None = None
-    self.version = 0
+    self.version = version
     self._export_root = pathlib.Path(cfg.engine.export_dir or pathlib.Path(workdir or log_dir) / "export")
     self._shim_url = shim_url
     if shim_url:
@@ -100,7 +105,7 @@ class PolicySession:
       if policy is None:
         model = self.cfg.model
         policy = load_model(model.init, seed=seed, random_init=model.random_init, **model.overrides).model
-      self.engine = Engine(policy, engine_config(settings.options))
+      self.engine = Engine(policy, engine_config(settings.options), version=self.version)
       return create_backend("embedded", engine=self.engine)
     options = dict(settings.options)
     if settings.backend == "scripted":
@@ -148,15 +153,28 @@ class PolicySession:
                             status=lambda r: r[1].record.status)
     return [outcome for _, outcome in done]
 
-  def push(self, model, step: int) -> int:
-    """New weights to the engine; returns the engine's new policy version."""
+  def push(self, model, version: int) -> int:
+    """New weights to the engine, as policy `version`; returns it. Raises PolicyUpdateError, naming the
+    engine and the version, when the engine refuses them or reports another version."""
     if self.engine is not None:
-      self.version = self.engine.update_from_model(model)
-      return self.version
-    from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel  (JAX)
-    out = self._export_root / f"step_{step}"
-    hf_io.save(model, out)
-    version = self.shim.run(self.backend.update_weights_from_disk(str(out)))
-    self.shim.run(self.backend.flush_cache())
-    self.version = version if version is not None else self.version + 1
-    return self.version
+      got = self.engine.update_from_model(model, version)
+    else:
+      from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel  (JAX)
+      out = self._export_root / f"version_{version}"
+      hf_io.save(model, out)
+      try:
+        got = self.shim.run(self.backend.update_weights_from_disk(str(out)))
+        self.shim.run(self.backend.flush_cache())
+      except Exception as e:  # pylint: disable=broad-except  (any refusal ends the run, named)
+        raise PolicyUpdateError(f"engine {self.cfg.engine.backend} at {self.cfg.engine.url} refused weight "
+                                f"version {version} ({out}): {type(e).__name__}: {e}") from e
+      if got is None:
+        log.warning("engine %s at %s reports no weight version: calls cannot be checked for staleness, and "
+                    "this push of version %d cannot be confirmed", self.cfg.engine.backend, self.cfg.engine.url,
+                    version)
+        got = version
+    if got != version:
+      raise PolicyUpdateError(f"engine {self.cfg.engine.backend} at {self.cfg.engine.url} reports weight version "
+                              f"{got} after the push of version {version}")
+    self.version = version
+    return version

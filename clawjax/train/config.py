@@ -34,7 +34,8 @@ TRAINABLE_BACKENDS = ("embedded", "sglang", "vllm")
 # Fields a resumed run may change without --config.allow_config_change: they decide how long the run
 # goes and how it reports, not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
-                     "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples")
+                     "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
+                     "empty_step_retries", "max_skipped_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,12 @@ class TrainConfig:
   plugins: tuple[str, ...] = ()
   # Resume even though the config differs from the one the run started with (config.json).
   allow_config_change: bool = False
+  # A step whose rollouts give nothing to train (every rollout failed, timed out or was excluded) is run
+  # again this many times, then the run stops with the failures' reasons.
+  empty_step_retries: int = 2
+  # The run stops after this many consecutive steps with an update skipped for a non-finite loss or
+  # gradient (the parameters were kept; the message names the step data to inspect).
+  max_skipped_steps: int = 3
   model: ModelSettings = ModelSettings()
   engine: EngineSettings = EngineSettings()
   mesh: MeshConfig = MeshConfig(data=1)     # learner mesh; without a -1 axis the first devices are used
@@ -89,6 +96,14 @@ class TrainConfig:
         # log pi_old must be computed at the temperature the engine sampled at (Eq. 4's ratio).
         ("learner.temperature", math.isclose(self.learner.temperature, self.shim.temperature),
          f"{self.learner.temperature} differs from shim.temperature {self.shim.temperature}"),
+        # The logged log-probs are the full distribution's (before truncation), so with top-p / top-k
+        # the TIS denominator would not be the distribution the tokens were sampled from.
+        ("shim.top_p", self.shim.top_p == 1.0, f"{self.shim.top_p}: training samples from the full "
+         "distribution (the logged log-probs are taken before truncation); use 1.0"),
+        ("shim.top_k", self.shim.top_k <= 0, f"{self.shim.top_k}: training samples from the full "
+         "distribution (the logged log-probs are taken before truncation); use -1"),
+        ("empty_step_retries", self.empty_step_retries >= 0, "must be >= 0"),
+        ("max_skipped_steps", self.max_skipped_steps >= 1, "must be >= 1"),
         ("value_pretrain_steps", self.value_pretrain_steps == 0 or self.learner.value.kind != "none",
          "needs learner.value.kind 'shared' or 'separate'"),
         ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),

@@ -169,6 +169,23 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   return StepData(batches, scores, dict(counts), rewards, groups, tree_stats)
 
 
+def failure_reasons(loaded: LoadedLog, limit: int = 5) -> list[str]:
+  """Why the rollouts of a step failed, most frequent first: status, the runner's reason and the last
+  line of the harness's stderr (where a ModuleNotFoundError inside a sandbox, say, shows), with counts."""
+  reasons: collections.Counter[str] = collections.Counter()
+  for record in loaded.rollouts.values():
+    if record.status == "ok":
+      continue
+    extra = record.extra or {}
+    stderr = [line for line in str(extra.get("stderr_tail") or "").splitlines() if line.strip()]
+    parts = [record.status, str(extra.get("reason") or "no reason recorded")]
+    if stderr:
+      parts.append(f"stderr: {stderr[-1][:300]}")
+    reasons["; ".join(parts)] += 1
+  reasons.update(f"unreadable: {problem}" for problem in loaded.excluded.values())
+  return [f"{n} x {reason}" for reason, n in reasons.most_common(limit)]
+
+
 def reward_metrics(data: StepData) -> dict[str, float]:
   """Mean/std of the reward over all scored rollouts, per harness and per (task, harness) group."""
   out: dict[str, float] = {}

@@ -11,7 +11,7 @@ advantages per (task, harness) group (step_data.py) -> learner updates over tree
 
 WORKDIR layout: calls/<rollout_id>.jsonl (the shim's call logs), steps/step_<k>/rollouts.jsonl (rollout
 records), checkpoints/ (Orbax; the cursor holds the RL step), metrics.jsonl + tb/ (metrics.py),
-sft/ (cold-start demonstrations), config.json, *.png. Rerunning the same command resumes from the
+sft/ (cold-start demonstrations), config.json, environment.json (clawjax/environment.py), *.png. Rerunning the same command resumes from the
 last checkpoint (the config must match config.json, see config.py); a step whose rollouts all
 finished before a crash is replayed from its logs.
 
@@ -42,13 +42,13 @@ from clawjax.models.model import Decoder
 from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
-from clawjax.run.session import PolicySession, RolloutJob
+from clawjax.run.session import PolicySession, PolicyUpdateError, RolloutJob
+from clawjax.run.start import start_run
 from clawjax.tasks import Task, select_tasks
 from clawjax.train.cold_start import record_demos, run_sft
 from clawjax.train.config import TrainConfig, check_resume
 from clawjax.train.metrics import MetricsWriter, read_metrics
-from clawjax.train.step_data import StepData, build_step, reward_metrics
-from clawjax.tree.pack import pack_trees
+from clawjax.train.step_data import StepData, build_step, failure_reasons, reward_metrics
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class Trainer:
     self.cfg, self.workdir = cfg, pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
     self._pin_config()
+    self.isolation = start_run(cfg.rollout, self.workdir)
     self.tasks = select_tasks(cfg.tasks, cfg.task_ids)
     self.eval_tasks = select_tasks(cfg.eval_tasks) if cfg.eval_tasks else []
     self.metrics = MetricsWriter(self.workdir, cfg.tensorboard)
@@ -134,16 +135,15 @@ class Trainer:
     return policy
 
   def _update(self, learner: Learner, data: StepData, pretrain_value: bool) -> dict[str, float]:
-    batches = data.batches or [pack_trees([], data.scores, row_len=self.cfg.batch.row_len,
-                                          rows=self.cfg.batch.rows)]  # an empty update keeps 1 update per step
-    prepared = [learner.prepare(b) for b in batches]
+    prepared = [learner.prepare(b) for b in data.batches]
     out: dict[str, float] = {}
     if pretrain_value:
       rows = [learner.pretrain_value_step(prepared[i % len(prepared)]) for i in range(self.cfg.value_pretrain_steps)]
       out.update({f"value_pretrain/{k}": v for k, v in rows[-1].items()})
     steps = [learner.step(b) for b in prepared]
     out.update(_mean(steps))
-    out["updates"] = float(sum(m["updates"] for m in steps))
+    for key in ("updates", "skipped_updates"):
+      out[key] = float(sum(m[key] for m in steps))
     return out
 
   def _evaluate(self, session: PolicySession, step: int) -> None:
@@ -158,17 +158,35 @@ class Trainer:
     self.metrics.write("eval", step, {"reward/mean": float(np.mean(rewards)),
                                       "ok_fraction": float(np.mean([r.status == "ok" for r in records]))})
 
-  def _rollouts(self, session: PolicySession, step: int) -> tuple[list[RolloutJob], pathlib.Path, bool]:
-    """Runs the step's rollouts (or finds them all logged by a run that crashed after them)."""
+  def _rollouts(self, session: PolicySession, step: int, again: bool
+                ) -> tuple[list[RolloutJob], pathlib.Path, bool]:
+    """Runs the step's rollouts (or, unless `again`, finds them all logged by a run that crashed after
+    them)."""
     jobs = step_jobs(self.cfg, self.tasks, step)
     path = self.workdir / "steps" / f"step_{step}" / "rollouts.jsonl"
-    replayed = _replayable(path, len(jobs))
+    replayed = not again and _replayable(path, len(jobs))
     if not replayed:
       _set_aside(path)
       path.parent.mkdir(parents=True, exist_ok=True)
       with CallLogWriter(path) as writer:
         session.run(jobs, writer, label=f"s{step}", desc=f"step {step}/{self.cfg.steps}")
     return jobs, path, replayed
+
+  def _step_data(self, session: PolicySession, step: int) -> tuple[list[RolloutJob], StepData, bool]:
+    """The step's rollouts as training data; a step with nothing to train is run again up to
+    `empty_step_retries` times, then the run stops with the failures' reasons."""
+    cfg = self.cfg
+    for attempt in range(cfg.empty_step_retries + 1):
+      jobs, path, replayed = self._rollouts(session, step, again=attempt > 0)
+      loaded = load_step_log(self.workdir, path)
+      data = build_step(loaded, policy_version=session.version, filters=cfg.filters, batch=cfg.batch)
+      if data.tree_stats["trained_rollouts"]:
+        return jobs, data, replayed
+      reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
+      log.warning("step %d: no trainable rollout among %d (attempt %d of %d): %s", step, len(jobs),
+                  attempt + 1, cfg.empty_step_retries + 1, " | ".join(reasons))
+    raise RuntimeError(f"step {step}: no trainable rollout in {cfg.empty_step_retries + 1} attempts of "
+                       f"{len(jobs)} rollouts (see {path.parent}); why: {' | '.join(reasons)}")
 
   def run(self) -> dict[str, Any]:
     cfg = self.cfg
@@ -187,20 +205,34 @@ class Trainer:
       log.info("resuming after RL step %d (checkpoint %d)", start, resume)
     self.metrics.truncate("rl", start + 1)
     self.metrics.truncate("eval", start + 1)
-    with PolicySession(cfg, self.workdir / "calls", policy=learner.policy_copy(), seed=cfg.seed,
+    skipped_steps = 0
+    with PolicySession(cfg, self.workdir / "calls", policy=learner.policy_copy(), version=start, seed=cfg.seed,
                        workdir=self.workdir) as session:
+      if session.engine is None and (resume is not None or cfg.sft.steps):
+        # A remote engine serves model.init (or what it last loaded): give it the learner's weights, so
+        # that the first step samples from pi_old and not from another policy.
+        session.push(learner.policy_copy(), start)
       for step in range(start + 1, cfg.steps + 1):
         t0 = time.time()
-        jobs, path, replayed = self._rollouts(session, step)
+        jobs, data, replayed = self._step_data(session, step)
         rollout_s = time.time() - t0
-        data = build_step(load_step_log(self.workdir, path), policy_version=session.version,
-                          filters=cfg.filters, batch=cfg.batch)
         t1 = time.time()
         m = self._update(learner, data, pretrain_value=not value_pretrained)
         value_pretrained = True
         learner_s = time.time() - t1
+        skipped_steps = skipped_steps + 1 if m["skipped_updates"] else 0
+        if skipped_steps >= cfg.max_skipped_steps:
+          raise RuntimeError(
+              f"step {step}: {skipped_steps} steps in a row had an update with a non-finite loss or gradient "
+              f"(skipped; the parameters were kept). Inspect this step's data: "
+              f"{self.workdir / 'steps' / f'step_{step}' / 'rollouts.jsonl'} and its calls in "
+              f"{self.workdir / 'calls'}")
         t2 = time.time()
-        session.push(learner.policy_copy(), step)
+        try:
+          session.push(learner.policy_copy(), step)
+        except PolicyUpdateError:
+          self.ckpt.save(learner.state, cursor={"step": step, "value_pretrained": True})  # keep what was trained
+          raise
         push_s = time.time() - t2
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
           self.ckpt.save(learner.state, cursor={"step": step, "value_pretrained": True})
@@ -220,6 +252,7 @@ class Trainer:
     self.metrics.close()
     summary = summarize(self.workdir)
     summary["wall_s"] = round(time.time() - t_run, 1)
+    summary["isolation"] = self.isolation
     (self.workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     if cfg.plot:
       from clawjax.train.plots import plot_run  # pylint: disable=import-outside-toplevel  (matplotlib)

@@ -53,6 +53,8 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.rollout.settle_interval_s = 0.5
   c.rollout.settle_timeout_s = 60.0
   c.rollout.harness = config_dict.ConfigDict({"max_turns": 30})
+  # Harnesses run in bubblewrap or not at all: without it an agent could read the hidden checkers.
+  c.rollout.sandbox = config_dict.ConfigDict({"mode": "bwrap"})
 
   c.filters = config_dict.ConfigDict({"max_leaves": 64})  # over-branching threshold: not published
 

@@ -155,3 +155,81 @@ def test_layouts_agree_on_packed_agent_rollouts():
   magnitude = abs(learner.loss_and_grads(dataclasses.replace(paths, advantages_RT=abs(paths.advantages_RT)))[0])
   assert abs(loss_t - loss_p) <= TOL * magnitude
   assert rel_diff(grads_t, grads_p) < TOL
+
+
+def _branching_rollout(vocab: int):
+  """A rollout whose sampled turn X (echoed whole, thinking kept in history) is continued by two calls
+  with different last messages: a retry with a rewritten body, as OpenClaw sends one. Kept with
+  `drop_retries=False`, X's tokens lie on two kept paths."""
+  from clawjax.calllog import RolloutRecord
+  from tests.tree.reference import make_call
+  rng = np.random.default_rng(11)
+  tokens = lambda n: rng.integers(16, vocab, n).tolist()
+  prompt, x, y, z = tokens(20), tokens(12), tokens(10), tokens(9)
+  calls = [make_call(0, prompt, x), make_call(1, prompt + x + tokens(6), y),
+           make_call(2, prompt + x + tokens(5), z)]
+  return calls, [RolloutRecord("r", "t", "h", 1.0, "ok"), RolloutRecord("r2", "t", "h", 0.0, "ok")]
+
+
+def test_shared_sampled_tokens_tell_unique_from_paths_normalisation():
+  """Trained tokens on several kept paths: "unique" counts them once, "paths" once per path, so the two
+  normalisations give different losses, and each still agrees between the tree and paths layouts."""
+  from clawjax.rl.advantages import grpo_advantages
+  from clawjax.tree.filters import FilterConfig, filter_rollout
+  from clawjax.tree.pack import pack_paths, pack_trees
+
+  calls, records = _branching_rollout(TINY.vocab_size)
+  tree = filter_rollout("r", calls, FilterConfig(drop_retries=False)).tree
+  scores = grpo_advantages(records)
+  packed_tree, packed_paths = pack_trees([tree], scores, row_len=128), pack_paths([tree], scores, row_len=128)
+  assert packed_tree.path_weight_RT.max() == 2  # X is on both kept paths
+  losses = {}
+  for normalisation in ("unique", "paths"):
+    learner = Learner(LearnerConfig(normalisation=normalisation, logits_chunk=32, c_bar=1.5), make_policy())
+    loss_t, grads_t, _ = learner.loss_and_grads(packed_tree)
+    loss_p, grads_p, _ = learner.loss_and_grads(packed_paths)
+    assert abs(loss_t - loss_p) <= TOL * abs(loss_p) and rel_diff(grads_t, grads_p) < TOL
+    losses[normalisation] = loss_t
+  assert abs(losses["unique"] - losses["paths"]) > 1e-3 * abs(losses["paths"])
+
+
+def test_a_non_finite_update_is_skipped_and_leaves_the_state_bit_identical():
+  trees = _trees(8, n=2, size=40)
+  batch = tree_layout(trees, rows=2, length=64)
+  learner = Learner(LearnerConfig(logits_chunk=32), make_policy())
+  good = learner.step(batch)
+  assert good["updates"] == 1 and good["skipped_updates"] == 0
+  before = jax.device_get(learner.state)
+  broken = dataclasses.replace(batch, advantages_RT=np.where(batch.unique_weight_RT > 0, np.nan, 0.0))
+  m = learner.step(broken)
+  assert m["skipped_updates"] == 1 and m["updates"] == 0
+  after = jax.device_get(learner.state)
+  assert int(after.step) == int(before.step) == 1
+  for a, b in zip(jax.tree.leaves(before.params) + jax.tree.leaves(before.opt_state),
+                  jax.tree.leaves(after.params) + jax.tree.leaves(after.opt_state)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert learner.step(batch)["updates"] == 1  # and the next good batch trains again
+
+
+def test_separate_critic_gradients_do_not_shrink_the_policy_step():
+  """With one joint clip a large critic gradient would scale the policy's step down; each group is
+  clipped by its own norm, and the critic moves at its own learning rate."""
+  batch = tree_layout(_trees(9, n=2, size=40), rows=2, length=64)
+  moved = {}
+  for coef in (0.5, 5000.0):
+    critic = make_value_model("separate", TINY.d_model, trunk=Decoder(TINY, rngs=nnx.Rngs(7)))
+    cfg = LearnerConfig(loss="ppo", optimizer="sgd", lr=100.0, grad_clip=1e-3, logits_chunk=32,
+                        value=ValueConfig(kind="separate", coef=coef, lr=50.0))
+    learner = Learner(cfg, make_policy(), value=critic)
+    start = jax.device_get(learner.state.params)
+    _, grads, m = learner.loss_and_grads(batch)
+    learner.step(batch)
+    end = jax.device_get(learner.state.params)
+    moved[coef] = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64), end, start)
+    # SGD steps of -lr * (gradient clipped to norm 1e-3), each group by its own norm; float32 parameters
+    # of size ~1 resolve the ~1e-4 steps to ~1e-3 of their size.
+    for name, lr, norm in (("policy", 100.0, m["grad_norm"]), ("value", 50.0, m["value_grad_norm"])):
+      want = jax.tree.map(lambda g: -lr * min(1.0, 1e-3 / norm) * np.asarray(g, np.float64), grads[name])
+      assert rel_diff(moved[coef][name], want) < 2e-2, name
+  # A joint clip would have shrunk the policy step ~10^4-fold with the large critic loss.
+  assert rel_diff(moved[5000.0]["policy"], moved[0.5]["policy"]) < 2e-2

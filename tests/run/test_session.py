@@ -49,13 +49,13 @@ def test_push_bumps_version_and_changes_outputs(tmp_path):
     reference.close()
   with PolicySession(cfg, tmp_path / "calls", policy=learner.policy_copy()) as server:
     before = _sample(server.engine)
-    assert server.push(other, step=1) == 1 and server.engine.version == 1
+    assert server.push(other, 1) == 1 and server.engine.version == 1
     after = _sample(server.engine)
     assert after[0] == want[0]
     np.testing.assert_allclose(after[1], want[1], rtol=1e-5, atol=1e-5)
     assert after[0] != before[0] or not np.allclose(after[1], before[1])
 
-    assert server.push(learner.policy_copy(), step=2) == 2
+    assert server.push(learner.policy_copy(), 2) == 2
     again = _sample(server.engine)
     assert again[0] == before[0]
     empty = pack_trees([], grpo_advantages([]), row_len=64, rows=1)

@@ -4,6 +4,7 @@ rollouts are excluded and counted, the metrics are complete, and a run resumed f
 checkpoint replays step 2 to bitwise-identical parameters."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -107,3 +108,44 @@ def test_two_steps_resume_and_crash_accounting(tmp_path, monkeypatch):
   resumed = _restore_arrays(run_b, 2)
   assert len(resumed) == len(after_2)
   assert all(np.array_equal(a, b) for a, b in zip(resumed, after_2))
+
+
+class FailingHarness(adapters.Adapter):
+  """A harness that cannot even start its model calls, saying why on stderr (as a missing module in a
+  sandbox does)."""
+  name = harness = "broken"
+
+  def command(self, base_url, api_key, prompt, home, options):
+    code = "import sys; sys.stderr.write('ModuleNotFoundError: No module named foo\\n'); raise SystemExit(1)"
+    return adapters.HarnessCommand([sys.executable, "-c", code], {}, [])
+
+
+def test_a_step_with_nothing_to_train_is_retried_then_stops_with_the_reasons(tmp_path, monkeypatch):
+  monkeypatch.setitem(adapters.ADAPTERS, "broken", FailingHarness())
+  monkeypatch.setitem(adapters.ADAPTERS, "crash", CrashingHarness())
+  cfg = dataclasses.replace(_config(_task_dir(tmp_path), steps=2), harnesses=("broken",), empty_step_retries=1,
+                            eval_every=0)
+  with pytest.raises(RuntimeError) as err:
+    train(cfg, tmp_path / "run")
+  message = str(err.value)
+  assert "step 1: no trainable rollout in 2 attempts of 4 rollouts" in message
+  assert "4 x failed; the harness made no model call (exit 1); stderr: ModuleNotFoundError: No module named foo" \
+      in message
+  assert len(list((tmp_path / "run" / "steps" / "step_1").glob("rollouts.jsonl*"))) == 2  # both attempts kept
+
+
+@pytest.mark.slow
+def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+  monkeypatch.setitem(adapters.ADAPTERS, "crash", CrashingHarness())
+  plugin = tmp_path / "nan_loss.py"
+  plugin.write_text("import jax.numpy as jnp\nfrom clawjax.rl.losses import LossTerms, register_loss\n\n"
+                    "@register_loss('nan_for_test')\ndef nan_loss(x, cfg):\n"
+                    "  return LossTerms(policy=x.logp * jnp.nan)\n")
+  base = _config(_task_dir(tmp_path), steps=3)
+  cfg = train_config({**json.loads(json.dumps(dataclasses.asdict(base))), "plugins": (str(plugin),),
+                      "harnesses": ("mini",), "eval_every": 0, "max_skipped_steps": 2,
+                      "learner": {**dataclasses.asdict(base.learner), "loss": "nan_for_test"}})
+  with pytest.raises(RuntimeError, match=r"step 2: 2 steps in a row .* non-finite .*step_2/rollouts.jsonl"):
+    train(cfg, tmp_path / "run")
+  rows = read_metrics(tmp_path / "run", "rl")
+  assert [r["step"] for r in rows] == [1] and rows[0]["skipped_updates"] == 1 and rows[0]["updates"] == 0
