@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 from clawjax.engine.engine import Engine, EngineConfig
-from clawjax.serving.backends.base import SamplingParams
 from clawjax.engine.loading import load_model
+from clawjax.generation import SamplingParams
 
 
 def _progress(message: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from clawjax.engine.engine import Engine, EngineError, Result
-from clawjax.serving.backends.base import SamplingParams
+from clawjax.generation import SamplingParams
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default when a request omits max_new_tokens
 

@@ -33,8 +33,8 @@ from aiohttp import web
 from clawjax.calllog import CallRecord
 from clawjax.serving import errors
 from clawjax.serving.anthropic_api import AnthropicDialect, parse_messages
-from clawjax.serving.backends.base import (Backend, BackendError, EncodedIds, Generation,
-                                           SamplingParams)
+from clawjax.generation import Generation, SamplingParams
+from clawjax.serving.backends.base import Backend, BackendError, PromptIds
 from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, TurnEvents, dumps, new_id
 from clawjax.serving.errors import ApiError
 from clawjax.serving.logwriter import EncodedInput
@@ -339,7 +339,7 @@ class ShimServer:
 
     async def generate() -> tuple[Generation, float]:
       t = time.time()
-      ids = EncodedIds(input_ids, encoded.engine_json)
+      ids = PromptIds(input_tuple, encoded.engine_json)
       if feed.woken is None:
         gen = await self.backend.generate(ids, params)
       else:

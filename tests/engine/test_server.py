@@ -13,7 +13,8 @@ from clawjax.engine.engine import Engine
 from clawjax.engine.loading import load_weights
 from clawjax.engine.server import SGLANG_DEFAULT_MAX_NEW_TOKENS, EngineServer, parse_sampling
 from clawjax.models import hf_io
-from clawjax.serving.backends.base import SamplingParams, create_backend
+from clawjax.generation import SamplingParams
+from clawjax.serving.backends.base import PromptIds, create_backend
 from tests.engine.conftest import SMALL, learner_logprobs, prompt, tiny_model
 from tests.ports import free_port
 
@@ -131,7 +132,7 @@ def test_shim_sglang_backend_client_round_trip(model):
   async def scenario(url, engine):
     backend = create_backend("sglang", url=url)
     try:
-      gen = await backend.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+      gen = await backend.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
       direct = await engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9,
                                                    stop_token_ids=(EOS,)))
       assert gen.output_ids == direct.output_ids and gen.policy_version == 0
@@ -139,7 +140,7 @@ def test_shim_sglang_backend_client_round_trip(model):
       # Streamed (the shim's --incremental-stream): an event per token, then the finish.
       got = []
       streamed = await backend.generate_streaming(
-          ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
+          PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
       assert streamed == gen and got == [[t] for t in gen.output_ids]
       assert await backend.health()
       await backend.flush_cache()  # answered in plain text, as SGLang does

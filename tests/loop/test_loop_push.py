@@ -10,7 +10,7 @@ from clawjax.rl.advantages import grpo_advantages
 from clawjax.rl.learner import Learner
 from clawjax.rl.loop import PolicyServer, _snapshot, build_policy
 from clawjax.rl.loop_config import train_config
-from clawjax.serving.backends.base import SamplingParams
+from clawjax.generation import SamplingParams
 from clawjax.text.templates import load_template
 from clawjax.tree.pack import pack_trees
 
