@@ -3,7 +3,7 @@
 POST /generate {input_ids, sampling_params, return_logprob: true} -> {output_ids, meta_info:
 {output_token_logprobs: [[logprob, token_id, null], ...], finish_reason: {type: "stop"|"length"|
 "abort", ...}, completion_tokens, weight_version, ...}}; GET /health; POST /update_weights_from_disk
-{model_path}; POST /flush_cache.
+{model_path}; POST /flush_cache (the last two with the admin key: `admin_api_key`, see http.py).
 
 Streaming (`generate_streaming`): the same request plus `stream: true` answers `text/event-stream`, one
 event `data: {chunk}` per scheduler step with new tokens and `data: [DONE]` at the end. A chunk has the
@@ -124,14 +124,14 @@ class SGLangBackend(HttpBackend):
     return _generation(got.ids, got.logprobs, meta["finish_reason"], _weight_version(meta))
 
   async def update_weights_from_disk(self, model_path: str) -> int | None:
-    body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path})
+    body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path}, admin=True)
     if isinstance(body, dict) and body.get("success") is False:
       raise BackendError(f"sglang weight update failed: {body.get('message')}")
     version = body.get("weight_version", body.get("policy_version")) if isinstance(body, dict) else None
     return int(version) if isinstance(version, int) else None
 
   async def flush_cache(self) -> None:
-    await self.request("POST", "/flush_cache")
+    await self.request("POST", "/flush_cache", admin=True)
 
 
 @register_backend("sglang")
