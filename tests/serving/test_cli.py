@@ -28,13 +28,15 @@ def test_flags_map_to_config():
                                     "latency_s": 0.5}
 
 
-@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
-def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path, event_loop):
+@pytest.mark.parametrize("event_loop,token_from_env", [("uvloop", False), ("asyncio", True)])
+def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path, event_loop, token_from_env):
+  """The admin token comes from $CLAWJAX_ADMIN_TOKEN, or is generated into LOG_DIR/admin_token (0600)."""
   script = tmp_path / "turns.json"
   script.write_text(json.dumps([{"text": "hello from the script"}]))
   port = free_port()
   url = f"http://127.0.0.1:{port}"
-  env = dict(os.environ, PYTHONPATH=ROOT)
+  env = {k: v for k, v in os.environ.items() if k != "CLAWJAX_ADMIN_TOKEN"}
+  env.update(PYTHONPATH=ROOT, **({"CLAWJAX_ADMIN_TOKEN": "the-trainers-token"} if token_from_env else {}))
   proc = subprocess.Popen(
       [sys.executable, "-m", "clawjax.serving", "--backend", "scripted", "--model", "qwen3",
        "--backend-arg", f"script={script}", "--port", str(port), "--log-dir", str(tmp_path / "logs"),
@@ -50,7 +52,15 @@ def test_cli_serves_a_scripted_call_and_stops_cleanly(tmp_path, event_loop):
       except OSError:
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()
         time.sleep(0.2)
-    status, text = post(url + "/rollouts", {"task_id": "t", "harness": "openclaw"})
+    token_file = tmp_path / "logs" / "admin_token"
+    if token_from_env:
+      token = "the-trainers-token"
+      assert not token_file.exists()
+    else:
+      token = token_file.read_text().strip()
+      assert len(token) >= 43 and token_file.stat().st_mode & 0o777 == 0o600
+    assert post(url + "/rollouts", {"task_id": "t", "harness": "openclaw"})[0] == 401
+    status, text = post(url + "/rollouts", {"task_id": "t", "harness": "openclaw"}, token=token)
     r = json.loads(text)
     c = openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0)
     reply = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
