@@ -82,3 +82,20 @@ def echo_tool_call_round(client, max_tokens: int):
            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id,
                                          "content": "ok"}]}]
   return client.messages.create(model="m", max_tokens=max_tokens, messages=msgs, tools=tools)
+
+
+def anthropic_text(client, messages, stream, max_tokens=50):
+  """The text of a Messages call's reply through the SDK, streamed (read to its last event) or not."""
+  if stream:
+    with client.messages.stream(model="m", max_tokens=max_tokens, messages=messages) as s:
+      return s.get_final_message().content[0].text
+  return client.messages.create(model="m", max_tokens=max_tokens, messages=messages).content[0].text
+
+
+def openai_text(client, messages, stream):
+  """The text of a Chat Completions reply through the SDK; a stream must end with its finish reason."""
+  if stream:
+    chunks = list(client.chat.completions.create(model="m", messages=messages, stream=True))
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    return "".join(c.choices[0].delta.content or "" for c in chunks)
+  return client.chat.completions.create(model="m", messages=messages).choices[0].message.content

@@ -21,7 +21,7 @@ from clawjax import calllog
 from clawjax.harness.rollout import ShimClient, ShimError
 from clawjax.serving import logspace
 
-from tests.serving.helpers import FINAL_TURN, log_calls, post
+from tests.serving.helpers import FINAL_TURN, anthropic_text, log_calls, openai_text, post
 
 CAPACITY = 256 * 1024
 FLOOR = 32 * 1024  # ShimConfig.min_free_log_bytes in this test
@@ -133,24 +133,11 @@ def test_disk_full_loses_no_acknowledged_call_and_tears_no_line(tiny_log_dir, ma
             openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0))
 
   def anthropic_call(r, client, text, stream):
-    msgs = [{"role": "user", "content": text}]
-    if stream:
-      with client.messages.stream(model="m", max_tokens=50, messages=msgs) as s:
-        reply = s.get_final_message()
-    else:
-      reply = client.messages.create(model="m", max_tokens=50, messages=msgs)
-    assert reply.content[0].text == FINAL_TURN.text
+    assert anthropic_text(client, [{"role": "user", "content": text}], stream) == FINAL_TURN.text
     acked[r["rollout_id"]] += 1
 
   def openai_call(r, client, text, stream):
-    msgs = [{"role": "user", "content": text}]
-    if stream:
-      chunks = list(client.chat.completions.create(model="m", messages=msgs, stream=True))
-      assert chunks[-1].choices[0].finish_reason == "stop"
-      text = "".join(c.choices[0].delta.content or "" for c in chunks)
-    else:
-      text = client.chat.completions.create(model="m", messages=msgs).choices[0].message.content
-    assert text == FINAL_TURN.text
+    assert openai_text(client, [{"role": "user", "content": text}], stream) == FINAL_TURN.text
     acked[r["rollout_id"]] += 1
 
   # Room above the floor, but less than a long call's record: the write fails part-way.
