@@ -26,6 +26,13 @@ def test_flags_map_to_config():
   assert (args.max_new_tokens, args.max_context, args.temperature) == (77, 999, 0.6)
   assert dict(args.backend_arg) == {"script": "s.json", "failures": "1:500", "max_slots": 8,
                                     "latency_s": 0.5}
+  limits = parse_args(["--backend", "scripted", "--model", "qwen3", "--log-dir", "d", "--read-timeout-s", "7",
+                       "--max-connections-per-client", "9", "--max-json-depth", "11", "--min-free-log-bytes",
+                       "1000", "--no-fsync-call-log", "--admin-token-file", "t"])
+  assert (limits.read_timeout_s, limits.max_connections_per_client, limits.max_json_depth,
+          limits.min_free_log_bytes, limits.fsync_call_log, limits.admin_token_file) == (7, 9, 11, 1000, False, "t")
+  defaults = parse_args(["--backend", "scripted", "--model", "qwen3", "--log-dir", "d"])
+  assert defaults.fsync_call_log and defaults.admin_token_file is None
 
 
 @pytest.mark.parametrize("event_loop,token_from_env", [("uvloop", False), ("asyncio", True)])
