@@ -267,6 +267,8 @@ class ShimServer:
       return self._error(dialect, _http_error(e, request))
     except HttpProcessingError as e:  # A body aiohttp could not decode (bad chunked encoding).
       return self._error(dialect, ApiError(errors.INVALID, f"malformed request: {e.message}"))
+    except ConnectionError:
+      raise  # The client went: nobody to answer (aiohttp drops the connection quietly).
     except Exception:  # pylint: disable=broad-except
       log.exception("%s %s failed", request.method, request.path)
       return self._error(dialect, ApiError(errors.INTERNAL, "internal error of the shim (logged)"))
