@@ -25,7 +25,7 @@ import numpy as np
 
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.environment import describe as describe_environment
-from clawjax.serving.backends.base import SamplingParams
+from clawjax.generation import SamplingParams
 from clawjax.models.loading import load_model
 
 

@@ -250,6 +250,8 @@ async def post_timed(session, url: str, data: bytes, headers: dict[str, str]) ->
 
 
 _JSON = {"content-type": "application/json"}
+ADMIN_TOKEN = "shim-overhead-benchmark"  # The shims' control routes (given them as $CLAWJAX_ADMIN_TOKEN).
+_ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def direct_request(input_ids: list[int], stream: bool) -> bytes:
@@ -283,8 +285,8 @@ async def play_to_measured_call(session, shim_url: str, n_prior: int) -> tuple[d
   like Claude Code) and one unmeasured call n_prior + 1, whose logged prompt is what the direct calls
   (and the hop) send. Returns the rollout, its request body and the tool result block that each
   measured round rewrites."""
-  async with session.post(shim_url + "/rollouts", json={"task_id": "bench",
-                                                        "harness": "claude-code"}) as resp:
+  async with session.post(shim_url + "/rollouts", json={"task_id": "bench", "harness": "claude-code"},
+                          headers=_ADMIN) as resp:
     rollout = await resp.json()
   body = first_request()
   for k in range(n_prior):
@@ -329,7 +331,7 @@ async def rollout_worker(session, urls: Servers, rounds, n_prior, out, barrier: 
     on_release()
   for name, (rollout, _, _) in played.items():
     async with session.post(f"{urls.shims()[name]}/rollouts/{rollout['rollout_id']}/finish",
-                            json={}) as resp:
+                            json={}, headers=_ADMIN) as resp:
       await resp.read()
     (records,) = load(rollout["log_path"]).calls.values()
     # Inside the shim: arrival to the record built (t_end, just before its fsync), less engine time.
@@ -442,7 +444,8 @@ def main() -> None:
   variant = bool(args.variant_flag or args.variant_root)
   urls = Servers(url("shim"), url("engine"), url("hop"), args.incremental_stream,
                  url("variant") if variant else None, url("raw_hop") if args.raw_hop else None)
-  env_for = lambda root: dict(os.environ, PYTHONPATH=os.path.abspath(root) + os.pathsep
+  env_for = lambda root: dict(os.environ, CLAWJAX_ADMIN_TOKEN=ADMIN_TOKEN,
+                              PYTHONPATH=os.path.abspath(root) + os.pathsep
                               + os.environ.get("PYTHONPATH", ""))
   env = env_for(ROOT)
   with tempfile.TemporaryDirectory() as log_dir:

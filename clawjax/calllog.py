@@ -472,32 +472,52 @@ def record_line(record: Record, where: str, input_field: bytes | None = None) ->
 
 
 class CallLogWriter:
-  """Appends records to one JSONL file, each written whole and fsynced before `write` returns.
+  """Appends records to one JSONL file, each written whole and (with `fsync`, the default) fsynced
+  before `write` returns.
 
-  Thread-safe. Records are validated first, so a writer never produces a line the loader rejects.
+  Thread-safe. Records are validated first, so a writer never produces a line the loader rejects. A
+  write that fails part-way (a full disk) is cut back off, so the file holds only whole lines and the
+  next record starts on a clean one; this assumes the writer is the file's only appender.
   """
 
-  def __init__(self, path: str | os.PathLike[str]):
+  def __init__(self, path: str | os.PathLike[str], fsync: bool = True):
     self.path = os.fspath(path)
+    self.fsync = fsync
     os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
     # O_APPEND: each line lands whole at the end even if another process appends to the same file.
     self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     self._lock = threading.Lock()
+    self._torn_at: int | None = None  # Where a failed write could not be cut back to (yet).
 
   def write(self, record: Record) -> None:
     self.append(record_line(record, f"{self.path}:<new {type(record).__name__}>"))
 
   def append(self, line: Sequence[bytes]) -> None:
-    """Appends one already validated line (given in pieces), then fsyncs."""
+    """Appends one already validated line (given in pieces), then fsyncs. On an OSError (ENOSPC, EIO)
+    the file is truncated back to where the line began, then the error is raised."""
     with self._lock:
       if self._fd < 0:
         raise ValueError(f"{self.path}: call log writer is closed")
-      written = os.writev(self._fd, line)
-      if written < sum(map(len, line)):  # A short write (disk nearly full): finish the line or fail.
-        rest = memoryview(b"".join(line))[written:]
-        while rest:
-          rest = rest[os.write(self._fd, rest):]
-      os.fsync(self._fd)
+      if self._torn_at is not None:
+        os.ftruncate(self._fd, self._torn_at)
+        self._torn_at = None
+      start = os.lseek(self._fd, 0, os.SEEK_END)
+      try:
+        written = os.writev(self._fd, line)
+        if written < sum(map(len, line)):  # A short write (disk nearly full): finish the line or fail.
+          rest = memoryview(b"".join(line))[written:]
+          while rest:
+            rest = rest[os.write(self._fd, rest):]
+        if self.fsync:
+          os.fsync(self._fd)
+      except OSError:
+        # A line that is not on disk whole is not on disk at all (nor one whose fsync failed: it was
+        # not acknowledged). Truncating frees space, so it works on a full disk; should it fail, the
+        # next append retries it before writing.
+        self._torn_at = start
+        os.ftruncate(self._fd, start)
+        self._torn_at = None
+        raise
 
   def close(self) -> None:
     with self._lock:

@@ -1,4 +1,9 @@
-"""`python -m clawjax.engine --model PRESET_OR_DIR --port P`: the engine behind SGLang's native protocol."""
+"""`python -m clawjax.engine --model PRESET_OR_DIR --port P`: the engine behind SGLang's native protocol.
+
+/update_weights_from_disk and /flush_cache need the admin token as `Authorization: Bearer TOKEN`:
+$CLAWJAX_ADMIN_TOKEN when set, otherwise a fresh one written (mode 0600) to --admin-token-file, by
+default $CLAWJAX_CACHE/engine/admin_token.PORT (~/.cache/clawjax/...).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import logging
 
 from aiohttp import web
 
+from clawjax import paths
+from clawjax.auth import ADMIN_TOKEN_ENV, server_admin_token
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.models.loading import load_model, load_weights
 from clawjax.engine.server import EngineServer
@@ -19,16 +26,22 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--host", default="127.0.0.1")
   parser.add_argument("--port", type=int, default=30000, help="default: SGLang's default port")
   parser.add_argument("--init-seed", type=int, default=0, help="init seed of random presets")
+  parser.add_argument("--admin-token-file", default=None,
+                      help=f"where a generated admin token is written (mode 0600) when ${ADMIN_TOKEN_ENV} is "
+                           "unset; default: $CLAWJAX_CACHE/engine/admin_token.PORT")
   for f in dataclasses.fields(EngineConfig):
     parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
                         help=f"EngineConfig.{f.name} (default {f.default})")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  token, source = server_admin_token(args.admin_token_file
+                                     or paths.cache_dir("engine") / f"admin_token.{args.port}")
+  logging.info("admin token (weight update, cache flush) from %s", source)
   loaded = load_model(args.model, seed=args.init_seed)
   config = EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
   engine = Engine(loaded.model, config)
   server = EngineServer(engine, loaded.path, lambda path: engine.update_from_model(load_weights(path, loaded.model)),
-                        eos_token_id=loaded.eos_token_id, decode=loaded.decode)
+                        eos_token_id=loaded.eos_token_id, decode=loaded.decode, admin_token=token)
   try:
     web.run_app(server.app, host=args.host, port=args.port, print=lambda msg: logging.info("%s", msg))
   finally:

@@ -21,7 +21,7 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -29,7 +29,7 @@ from flax import nnx
 
 from clawjax.engine.kv_forward import KVRunner
 from clawjax.engine.prefix_cache import SlotPrefixCache
-from clawjax.serving.backends.base import SamplingParams  # every field is honoured
+from clawjax.generation import SamplingParams, TokenSink  # every field of SamplingParams is honoured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +140,7 @@ class Engine:
     return req.future
 
   async def generate(self, input_ids, sampling: SamplingParams,
-                     on_tokens: Callable[[Sequence[int]], None] | None = None) -> Result:
+                     on_tokens: TokenSink | None = None) -> Result:
     """`submit` from asyncio; `on_tokens([id])` runs on this event loop for each sampled token, all of
     them before the result is delivered (both travel through the loop's queue, in order)."""
     on_token = None

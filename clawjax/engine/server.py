@@ -11,6 +11,8 @@ server on a GPU is a drop-in replacement):
   POST /update_weights_from_disk {model_path} -> {success, message, weight_version}
   POST /flush_cache -> 200
   GET  /get_model_info -> {model_path, tokenizer_path, is_generation, weight_version}
+The control routes (/update_weights_from_disk, /flush_cache) need the admin token, sent as SGLang's
+`--admin-api-key` is: `Authorization: Bearer TOKEN` (401 without one, 403 with another; clawjax/auth.py).
 As in SGLang, generation stops at the model's EOS token unless `ignore_eos` is true. `text` is decoded
 only when the server has a tokenizer; otherwise it is "". `stream: true` (one prompt) answers in
 SGLang's event-stream format, one event per token as SGLang does with `--incremental-streaming-output`.
@@ -27,8 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
+from clawjax.auth import admin_status, new_token
 from clawjax.engine.engine import Engine, EngineError, Result
-from clawjax.serving.backends.base import SamplingParams
+from clawjax.generation import SamplingParams
 
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's own default when a request omits max_new_tokens
 
@@ -83,12 +86,15 @@ def _event(obj: Any) -> bytes:
 
 
 class EngineServer:
-  """The aiohttp application; `reload(model_path)` loads new weights into the engine, returning a version."""
+  """The aiohttp application; `reload(model_path)` loads new weights into the engine, returning a version.
+  `admin_token` opens the control routes (a fresh random one when not given)."""
 
   def __init__(self, engine: Engine, model_path: str, reload: Callable[[str], int],
-               eos_token_id: int | None = None, decode: Callable[[list[int]], str] | None = None):
+               eos_token_id: int | None = None, decode: Callable[[list[int]], str] | None = None,
+               admin_token: str | None = None):
     self.engine, self.model_path, self.reload = engine, model_path, reload
     self.eos_token_id, self.decode = eos_token_id, decode
+    self.admin_token = admin_token or new_token()
     self._ids = itertools.count()
     self._reload_lock = asyncio.Lock()
     self.app = web.Application(client_max_size=1 << 30, middlewares=[self._errors])
@@ -105,6 +111,11 @@ class EngineServer:
       return await handler(request)
     except EngineError as e:
       return web.json_response({"error": {"message": str(e), "code": e.status}}, status=e.status)
+
+  def _require_admin(self, request: web.Request) -> None:
+    status = admin_status(request.headers, self.admin_token)
+    if status is not None:
+      raise EngineError(f"{request.path} needs the admin token (Authorization: Bearer TOKEN)", status=status)
 
   async def _json(self, request: web.Request) -> dict[str, Any]:
     try:
@@ -179,10 +190,12 @@ class EngineServer:
     return web.Response(text="")
 
   async def flush_cache(self, request: web.Request) -> web.Response:
+    self._require_admin(request)
     self.engine.flush_cache()
     return web.Response(text="Cache flushed.\n")
 
   async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+    self._require_admin(request)
     body = await self._json(request)
     path = body.get("model_path")
     if not isinstance(path, str) or not path:

@@ -3,7 +3,8 @@
 Runs N rollouts of every task under PATH (a task directory, a directory of them, or a JSONL file)
 with one harness against a running shim, appending one `clawjax.rollout/1` record per rollout to FILE
 (the calls are in the shim's own log dir). Tasks that fail to load are reported and skipped. Prints
-the count of each status.
+the count of each status. The shim's admin token is $CLAWJAX_ADMIN_TOKEN, else the first line of
+--admin-token-file (the shim writes it to LOG_DIR/admin_token).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import collections
 import logging
 import sys
 
+from clawjax.auth import client_admin_token
 from clawjax.calllog import CallLogWriter
 from clawjax.harness import sandbox
 from clawjax.harness.adapters import ADAPTERS, HarnessOptions
@@ -23,6 +25,8 @@ from clawjax.tasks.task import load_tasks, split_loaded
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(prog="python -m clawjax.harness", description=__doc__)
   p.add_argument("--shim", required=True, help="the shim's root URL, e.g. http://127.0.0.1:8000")
+  p.add_argument("--admin-token-file", default=None,
+                 help="file holding the shim's admin token (unless $CLAWJAX_ADMIN_TOKEN is set)")
   p.add_argument("--tasks", required=True)
   p.add_argument("--harness", required=True, choices=sorted(ADAPTERS))
   p.add_argument("--out", required=True, help="JSONL file the rollout records are appended to")
@@ -49,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
   with CallLogWriter(args.out) as writer:
     outcomes = run_rollouts(args.shim, jobs, config, writer, args.concurrency,
                             on_done=lambda o: print(f"{o.record.task_id} {o.record.rollout_id} "
-                                                    f"{o.record.status} {o.record.reward}"))
+                                                    f"{o.record.status} {o.record.reward}"),
+                            admin_token=client_admin_token(args.admin_token_file))
   print(dict(collections.Counter(o.record.status for o in outcomes)))
   return 0 if all(o.record.status == "ok" for o in outcomes) else 1
 

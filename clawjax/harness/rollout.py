@@ -77,15 +77,18 @@ class ShimError(RuntimeError):
 
 
 class ShimClient:
-  """The shim's admin API over HTTP."""
+  """The shim's control routes over HTTP, authenticated with the admin token (the trainer's; never
+  passed into a sandbox)."""
 
-  def __init__(self, url: str, timeout_s: float):
+  def __init__(self, url: str, timeout_s: float, admin_token: str | None = None):
     self.url, self.timeout_s = url.rstrip("/"), timeout_s
+    self.headers = {"content-type": "application/json"}
+    if admin_token:
+      self.headers["Authorization"] = f"Bearer {admin_token}"
 
   def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(self.url + path, data=data, method=method,
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(self.url + path, data=data, method=method, headers=self.headers)
     try:
       with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
         return json.loads(resp.read())
@@ -102,7 +105,12 @@ class ShimClient:
     return self._request("GET", f"/rollouts/{rollout_id}")
 
   def finish(self, rollout_id: str) -> dict[str, Any]:
-    return self._request("POST", f"/rollouts/{rollout_id}/finish", {})
+    """The finished rollout's summary; ShimError when the shim marked it failed (a call it could not
+    record), which makes the rollout `failed` with the shim's reason."""
+    summary = self._request("POST", f"/rollouts/{rollout_id}/finish", {})
+    if summary.get("failed"):
+      raise ShimError(f"the shim marked rollout {rollout_id} failed: {summary['failed']}")
+    return summary
 
 
 def settle(client: ShimClient, rollout_id: str, config: RolloutConfig) -> tuple[dict[str, Any], bool]:
@@ -146,11 +154,13 @@ def task_source_path(task: Task) -> pathlib.Path:
 
 
 def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: RolloutConfig,
-                writer: CallLogWriter | None = None, rollout_id: str | None = None) -> RolloutOutcome:
-  """Runs one rollout; never raises for a harness, sandbox or shim failure (they become the status)."""
+                writer: CallLogWriter | None = None, rollout_id: str | None = None, *,
+                admin_token: str | None = None) -> RolloutOutcome:
+  """Runs one rollout; never raises for a harness, sandbox or shim failure (they become the status).
+  `admin_token` opens the shim's control routes."""
   adapter = get_adapter(harness) if isinstance(harness, str) else harness
-  rollout_id = rollout_id or f"r-{secrets.token_hex(8)}"
-  client = ShimClient(shim_url, config.http_timeout_s)
+  rollout_id = rollout_id or f"r-{secrets.token_hex(16)}"
+  client = ShimClient(shim_url, config.http_timeout_s, admin_token)
   rollout_dir = rundirs.current_run().dir(rundirs.rollouts_root(config.work_root)) / rollout_id
   rollout_dir.mkdir()
   extra: dict[str, Any] = {"task_source": task.source, "sandbox_mode": config.sandbox.mode}
@@ -216,10 +226,12 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
 
 def run_rollouts(shim_url: str, jobs: Sequence[tuple[Task, str]], config: RolloutConfig,
                  writer: CallLogWriter | None = None, concurrency: int = 4,
-                 on_done: Callable[[RolloutOutcome], None] | None = None) -> list[RolloutOutcome]:
+                 on_done: Callable[[RolloutOutcome], None] | None = None, *,
+                 admin_token: str | None = None) -> list[RolloutOutcome]:
   """Runs (task, harness) jobs `concurrency` at a time; outcomes in job order. Logs status counts."""
-  outcomes = run_concurrently(lambda job: run_rollout(shim_url, job[0], job[1], config, writer), jobs,
-                              concurrency, on_result=on_done)
+  outcomes = run_concurrently(
+      lambda job: run_rollout(shim_url, job[0], job[1], config, writer, admin_token=admin_token), jobs,
+      concurrency, on_result=on_done)
   counts = Counter(o.record.status for o in outcomes)
   log.info("rollouts: %s", dict(counts))
   return outcomes

@@ -1,4 +1,10 @@
-"""`python -m clawjax.serving --backend NAME --model PATH_OR_PRESET --log-dir DIR [...]`: run the shim."""
+"""`python -m clawjax.serving --backend NAME --model PATH_OR_PRESET --log-dir DIR [...]`: run the shim.
+
+The control routes (POST /rollouts, POST /rollouts/ID/finish, GET /rollouts/ID) need the admin token as
+`Authorization: Bearer TOKEN`: $CLAWJAX_ADMIN_TOKEN when set, otherwise a fresh one written (mode 0600)
+to --admin-token-file, by default LOG_DIR/admin_token, where the trainer reads it. Harnesses get only
+their rollout's key.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +14,11 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import signal
 from typing import Any
 
+from clawjax.auth import ADMIN_TOKEN_ENV, server_admin_token
 from clawjax.serving.backends.base import backend_names, create_backend
 from clawjax.serving.profiles import load_profiles
 from clawjax.serving.server import ShimConfig, ShimServer
@@ -47,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--port", type=int, default=8000)
   p.add_argument("--public-url", default=None, help="root URL clients use, if not http://HOST:PORT")
   p.add_argument("--log-dir", required=True)
+  p.add_argument("--admin-token-file", default=None,
+                 help=f"where a generated admin token is written (mode 0600) when ${ADMIN_TOKEN_ENV} is "
+                      "unset; default: LOG_DIR/admin_token")
   p.add_argument("--profiles", default=None, help="JSON file of harness role profiles")
   p.add_argument("--gc-threshold", type=int, default=50_000,
                  help="allocations between young-generation garbage collections (Python's default "
@@ -62,10 +73,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  help="stream text as the engine samples it; off sends "
                       "each turn whole once generated, which costs the shim less per call "
                       "(ShimConfig.incremental_stream)")
+  p.add_argument("--fsync-call-log", action=argparse.BooleanOptionalAction,
+                 default=defaults.fsync_call_log,
+                 help="fsync each call record before the response's final bytes (ShimConfig.fsync_call_log)")
   for field, kind in [("max_new_tokens", int), ("max_context", int), ("top_k", int),
                       ("max_body_bytes", int), ("log_threads", int), ("temperature", float),
-                      ("top_p", float),
-                      ("keepalive_s", float), ("finish_timeout_s", float)]:
+                      ("top_p", float), ("keepalive_s", float), ("finish_timeout_s", float),
+                      ("read_timeout_s", float), ("max_connections_per_client", int),
+                      ("max_json_depth", int), ("min_free_log_bytes", int)]:
     p.add_argument("--" + field.replace("_", "-"), type=kind, default=getattr(defaults, field),
                    help=f"ShimConfig.{field} (documented in clawjax/serving/server.py)")
   return p.parse_args(argv)
@@ -79,15 +94,18 @@ async def serve(args: argparse.Namespace) -> None:
   backend = create_backend(args.backend, url=args.backend_url, model=args.model, **options)
   fields = {f.name for f in dataclasses.fields(ShimConfig)}
   config = ShimConfig(**{k: v for k, v in vars(args).items() if k in fields})
+  token, token_source = server_admin_token(args.admin_token_file
+                                           or os.path.join(args.log_dir, "admin_token"))
   server = ShimServer(config, backend, template,
-                      load_profiles(args.profiles) if args.profiles else None)
+                      load_profiles(args.profiles) if args.profiles else None, token)
   url = await server.start()
   if args.gc_threshold:
     # What exists now (modules, tokenizer, template caches) lives as long as the process: keep it out
     # of every future collection, then collect young objects less often.
     gc.freeze()
     gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
-  logging.info("clawjax shim (%s backend) serving at %s, logs in %s", args.backend, url, args.log_dir)
+  logging.info("clawjax shim (%s backend) serving at %s, logs in %s, admin token from %s", args.backend,
+               url, args.log_dir, token_source)
   stop = asyncio.Event()
   loop = asyncio.get_running_loop()
   for sig in (signal.SIGINT, signal.SIGTERM):

@@ -17,9 +17,10 @@ from clawjax.serving.errors import ApiError, invalid
 from clawjax.text.messages import Message, ToolCall, ToolSpec
 
 _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "authentication_error",
-                "not_found": "not_found_error", "request_too_large": "request_too_large",
-                "context_length_exceeded": "invalid_request_error", "overloaded": "overloaded_error",
-                "internal": "api_error"}
+                "permission": "permission_error", "not_found": "not_found_error",
+                "method_not_allowed": "invalid_request_error", "request_timeout": "invalid_request_error",
+                "request_too_large": "request_too_large", "context_length_exceeded": "invalid_request_error",
+                "overloaded": "overloaded_error", "unavailable": "overloaded_error", "internal": "api_error"}
 # Tool results flagged is_error are marked in the prompt text, since the chat templates have no flag.
 TOOL_ERROR_PREFIX = "Error: "
 
@@ -198,6 +199,8 @@ class _AnthropicEvents(TurnEvents):
 class AnthropicDialect(Dialect):
   name = "anthropic"
   tool_id_prefix = "toolu_"
+  message_id_prefix = "msg_"
+  overloaded_status = 529
 
   def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     return parse_messages(body, need_max_tokens=True, memo=memo)

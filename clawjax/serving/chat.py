@@ -122,6 +122,8 @@ class Dialect(abc.ABC):
   """One API's wire format. Stateless; the server owns the call flow."""
   name: str
   tool_id_prefix: str
+  message_id_prefix: str  # Of the response's id.
+  overloaded_status: int  # What an overloaded (retryable) backend is answered with.
 
   @abc.abstractmethod
   def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest:

@@ -10,8 +10,9 @@ and a rollout's log grows linearly instead of quadratically. Inputs that extend 
 subagent's first call, a compacted context) are written whole.
 
 The server calls `encode_ids` before it sends the engine `EncodedInput.engine_json`; once the output is
-known it builds the line (`call_line`), hands it to a log thread to `append` (one writev, then fsync) and
-caches the new prefix (`remember`) while the disk works.
+known it builds the line (`call_line`), hands it to a log thread to `append` (one writev, then fsync),
+builds the cache entry of the new prefix (`cache_entry`) while the disk works, and `remember`s it once
+the line is on disk: a later call never refers to a record that failed to be written.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class _Written:
 
 class RolloutLogWriter(CallLogWriter):
 
-  def __init__(self, path: str | os.PathLike[str], cached_calls: int = 4):
-    super().__init__(path)
+  def __init__(self, path: str | os.PathLike[str], cached_calls: int = 4, fsync: bool = True):
+    super().__init__(path, fsync)
     # Most recently used last. More than one, so a rollout's interleaved main-agent and subagent calls
     # (and retries) all find their prefix.
     self._calls: list[_Written] = []
@@ -88,17 +89,20 @@ class RolloutLogWriter(CallLogWriter):
     if encoded is None:
       encoded = self.encode_ids(record.input_ids, record.call_index)
     self.append(self.call_line(record, encoded))
-    self.remember(record, encoded)
+    self.remember(self.cache_entry(record, encoded))
 
   def call_line(self, record: CallRecord, encoded: EncodedInput) -> list[bytes]:
     """The validated line of `record`, for `append` (the server builds it on its event loop and appends
     it on a log thread, where only the write and the fsync happen)."""
     return record_line(record, f"{self.path}:<new call record>", encoded.log_field)
 
-  def remember(self, record: CallRecord, encoded: EncodedInput) -> None:
-    """Caches `record`'s input + output and their text: the likely prefix of the next call's input."""
-    written = _Written(record.call_index, tuple(record.input_ids), tuple(record.output_ids),
-                       encoded.engine_json, ",".join(map(str, record.output_ids)).encode())
+  def cache_entry(self, record: CallRecord, encoded: EncodedInput) -> _Written:
+    """`record`'s input + output and their text: the likely prefix of the next call's input."""
+    return _Written(record.call_index, tuple(record.input_ids), tuple(record.output_ids),
+                    encoded.engine_json, ",".join(map(str, record.output_ids)).encode())
+
+  def remember(self, written: _Written) -> None:
+    """Caches the entry of a record that is on disk."""
     with self._lock_calls:
       self._calls.append(written)
       del self._calls[:-self._cached_calls]

@@ -19,11 +19,12 @@ from clawjax.serving.errors import ApiError, invalid
 from clawjax.text.messages import Message, ToolCall, ToolSpec
 
 _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "invalid_request_error",
-                "not_found": "invalid_request_error", "request_too_large": "invalid_request_error",
-                "context_length_exceeded": "invalid_request_error", "overloaded": "server_error",
-                "internal": "server_error"}
-_ERROR_CODES = {"authentication": "invalid_api_key", "context_length_exceeded":
-                "context_length_exceeded", "not_found": "not_found"}
+                "permission": "invalid_request_error", "not_found": "invalid_request_error",
+                "method_not_allowed": "invalid_request_error", "request_timeout": "invalid_request_error",
+                "request_too_large": "invalid_request_error", "context_length_exceeded": "invalid_request_error",
+                "overloaded": "server_error", "unavailable": "server_error", "internal": "server_error"}
+_ERROR_CODES = {"authentication": "invalid_api_key", "permission": "permission_denied",
+                "context_length_exceeded": "context_length_exceeded", "not_found": "not_found"}
 
 
 def _arguments(raw: str) -> dict[str, Any] | str:
@@ -126,6 +127,8 @@ class _OpenAIEvents(TurnEvents):
 class OpenAIDialect(Dialect):
   name = "openai"
   tool_id_prefix = "call_"
+  message_id_prefix = "chatcmpl-"
+  overloaded_status = 503
 
   def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     body = v.check(body, "body", dict)

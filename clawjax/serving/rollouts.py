@@ -3,6 +3,8 @@
 Each rollout owns its own log file `<log_dir>/<rollout_id>.jsonl` and writer; a request is routed to a
 rollout only through its id in the URL path plus its key (or its key alone), so one rollout can never
 write into another's log. A finished rollout is forgotten by the routing tables: its key gets 401.
+Generated ids and keys carry 128 random bits; an id given by the caller must match `ROLLOUT_ID` whole
+(it names a file).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from clawjax.serving.chat import MessageMemo
 from clawjax.serving.logwriter import RolloutLogWriter
 from clawjax.serving.profiles import HarnessProfile
 
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ROLLOUT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclasses.dataclass
@@ -37,6 +39,7 @@ class Rollout:
   inflight: int = 0
   finished: bool = False
   log_closed: bool = False
+  failure: str | None = None  # Why a call of it could not be recorded: the rollout is not trainable.
   calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   memos: dict[str, MessageMemo] = dataclasses.field(  # Per API dialect.
       default_factory=lambda: collections.defaultdict(MessageMemo))
@@ -66,6 +69,10 @@ class Rollout:
       self.builder = None
       self.memos.clear()
 
+  def fail(self, reason: str) -> None:
+    """Marks the rollout failed (the first reason stays)."""
+    self.failure = self.failure or reason
+
   def note_written(self, record: CallRecord) -> None:
     """Adds a call whose record is on disk to the summary."""
     self.calls.append({"call_index": record.call_index, "status": record.status, "role": record.role,
@@ -75,28 +82,28 @@ class Rollout:
   def summary(self) -> dict[str, Any]:
     return {"rollout_id": self.rollout_id, "task_id": self.task_id, "harness": self.harness,
             "finished": self.finished, "inflight": self.inflight, "log_path": self.writer.path,
-            "calls": sorted(self.calls, key=lambda c: c["call_index"])}
+            "failed": self.failure, "calls": sorted(self.calls, key=lambda c: c["call_index"])}
 
 
 class RolloutRegistry:
-  def __init__(self, log_dir: str):
-    self.log_dir = log_dir
+  def __init__(self, log_dir: str, fsync: bool = True):
+    self.log_dir, self.fsync = log_dir, fsync
     self._by_id: dict[str, Rollout] = {}
     self._by_key: dict[str, Rollout] = {}
     self._finished: dict[str, Rollout] = {}
 
   def create(self, task_id: str, harness: str, profile: HarnessProfile, builder: Any,
              rollout_id: str | None = None) -> Rollout:
-    rollout_id = rollout_id or f"r-{secrets.token_hex(8)}"
-    if not _ID_RE.match(rollout_id):
-      raise ValueError(f"rollout_id {rollout_id!r} must match {_ID_RE.pattern}")
+    rollout_id = rollout_id or f"r-{secrets.token_hex(16)}"
+    if not ROLLOUT_ID.fullmatch(rollout_id):
+      raise ValueError(f"rollout_id {rollout_id!r} must match {ROLLOUT_ID.pattern}")
     if rollout_id in self._by_id or rollout_id in self._finished:
       raise ValueError(f"rollout_id {rollout_id!r} already exists")
     path = os.path.join(self.log_dir, f"{rollout_id}.jsonl")
     if os.path.exists(path):
       raise ValueError(f"rollout_id {rollout_id!r}: log {path} already exists")
     rollout = Rollout(rollout_id, task_id, harness, f"sk-clawjax-{secrets.token_hex(16)}", profile,
-                      RolloutLogWriter(path), builder)
+                      RolloutLogWriter(path, fsync=self.fsync), builder)
     self._by_id[rollout_id] = self._by_key[rollout.api_key] = rollout
     return rollout
 

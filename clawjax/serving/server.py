@@ -1,4 +1,4 @@
-"""The shim's HTTP server: admin API, both API dialects, call-log writing.
+"""The shim's HTTP server: control routes, both API dialects, call-log writing.
 
 Routes (every model route also exists under the per-rollout prefix `/r/{rollout_id}`, which is what
 `POST /rollouts` hands out as `base_url`; without the prefix the rollout is found by its key alone):
@@ -7,12 +7,20 @@ Routes (every model route also exists under the per-rollout prefix `/r/{rollout_
   POST /rollouts {task_id, harness[, rollout_id]}
       -> {rollout_id, base_url, openai_base_url, api_key, log_path, context_window}
   POST /rollouts/{id}/finish        GET /rollouts/{id}      GET /health
+The control routes (`/rollouts...`) need the admin token (`Authorization: Bearer TOKEN`, see
+clawjax/auth.py): 401 without one, 403 with any other. A model route needs a rollout's key, which opens
+that rollout only.
 
-A call: authenticate (401, nothing written) -> read the body under a size limit (413) -> validate (400)
--> build the prompt token-in-token-out (400 "prompt is too long" past --max-context) -> generate on the
-backend, sending keep-alives (or, with `incremental_stream`, the text so far) while it runs -> parse the
-turn -> append the call record (fsynced) -> send the rest of the turn. A backend failure is answered in
-the API's error shape and logged as an `error` record.
+A call: authenticate (401, nothing written) -> check the call log can take a record (503) -> read the
+body under a size and a time limit (413, 408) -> decode it under a nesting limit and validate (400) ->
+build the prompt token-in-token-out (400 "prompt is too long" past --max-context) -> generate on the
+backend, sending keep-alives (or, with `incremental_stream`, the text so far) while it runs -> parse
+the turn -> append the call record -> send the rest of the turn. Write-then-acknowledge: the final
+response bytes (a JSON body, a stream's last event) go out only once the record is on disk, whole and
+fsynced; a record that cannot be written turns the answer into the API's error (a stream ends with an
+`error` event instead of its last event) and marks the rollout failed. A backend failure is answered in
+the API's error shape and logged as an `error` record. Every error the shim sends, 500s included, is in
+the dialect's shape (the control routes use OpenAI's).
 """
 
 from __future__ import annotations
@@ -20,29 +28,31 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from clawjax.auth import admin_status, bearer_token, new_token
 from clawjax.calllog import CallRecord
+from clawjax.generation import Generation, SamplingParams
 from clawjax.serving import errors
 from clawjax.serving.anthropic_api import AnthropicDialect, parse_messages
-from clawjax.serving.backends.base import (Backend, BackendError, EncodedIds, Generation,
-                                           SamplingParams)
+from clawjax.serving.backends.base import Backend, BackendError, PromptIds
 from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, TurnEvents, dumps, new_id
 from clawjax.serving.errors import ApiError
+from clawjax.serving.intake import ClientCappedSite, decode_json, read_body
+from clawjax.serving.logspace import LogSpace
 from clawjax.serving.logwriter import EncodedInput
 from clawjax.serving.openai_api import OpenAIDialect
 from clawjax.serving.profiles import HarnessProfile, profile_for
 from clawjax.serving.rollouts import Rollout, RolloutRegistry
 from clawjax.text.messages import ParsedTurn
-from clawjax.text.prompt import PromptBuilder
+from clawjax.text.prompt import Prompt, PromptBuilder
 from clawjax.text.templates import ChatTemplate
 from clawjax.text.turn_stream import TurnStream
 
@@ -66,7 +76,25 @@ class ShimConfig:
   temperature: float = 1.0
   top_p: float = 1.0
   top_k: int = -1
-  max_body_bytes: int = 32 * 1024 * 1024  # Claude Code sends ~75 KB; images can reach a few MB.
+  # Largest request body, checked from Content-Length and then while reading, before any parsing or
+  # tokenising (413). Claude Code sends ~75 KB; images can reach a few MB; the Messages API's own limit.
+  max_body_bytes: int = 32 * 1024 * 1024
+  # A request's headers must arrive within this long of its connection opening (or of the previous
+  # response on it), and then its body within this long (408); an idle keep-alive connection is closed
+  # after it too (clients reconnect: Node's and Python's HTTP clients drop idle ones after ~5 s).
+  read_timeout_s: float = 30.0
+  # Open connections from one client address; more are closed at once. Sandboxed harnesses reach the
+  # shim through their relays from 127.0.0.1, so on one host this bounds all rollouts together: keep it
+  # above rollouts in flight x connections per harness (a few).
+  max_connections_per_client: int = 1024
+  max_json_depth: int = 128  # Nesting levels of a request body's JSON (400 past it); tool schemas use ~10.
+  # Free space the call log's filesystem must keep: below it, model calls and new rollouts are refused
+  # with 503 (retryable) rather than accepted and not recorded. A call's record is ~2 KB (a rollout's
+  # first, ~150 KB); 256 MiB holds a thousand rollouts' first calls.
+  min_free_log_bytes: int = 256 * 1024 * 1024
+  # fsync each call record before its final response bytes (it is always written first). Off: a record
+  # acknowledged just before a power loss can be lost (a shim crash loses nothing either way).
+  fsync_call_log: bool = True
   # Streaming: headers and a keep-alive event after this long without a result, then one every this long.
   keepalive_s: float = 5.0
   finish_timeout_s: float = 30.0  # POST /rollouts/{id}/finish waits this long for calls in flight.
@@ -80,45 +108,18 @@ class ShimConfig:
 
 
 def _api_key(request: web.Request) -> str | None:
-  key = request.headers.get("x-api-key")
-  if key:
-    return key
-  auth = request.headers.get("Authorization", "")
-  return auth[7:].strip() if auth.lower().startswith("bearer ") else None
-
-
-def _reject_constant(name: str) -> Any:
-  raise ValueError(f"{name} is not valid JSON")
-
-
-def _decode_json(raw: bytes) -> Any:
-  """A request body's JSON. orjson parses an ~80 KB Claude Code body 2-3x faster than `json` and, like
-  us, rejects NaN/Infinity; but it also rejects lone UTF-16 surrogate escapes, which a JavaScript
-  client sends when it cut a tool output inside an emoji. Those bodies take the `json` path, and each
-  lone surrogate becomes U+FFFD (what any tokenizer needs: it encodes UTF-8)."""
-  try:
-    return orjson.loads(raw)
-  except orjson.JSONDecodeError:
-    pass
-  try:
-    return _without_lone_surrogates(json.loads(raw, parse_constant=_reject_constant))
-  except ValueError as e:
-    raise ApiError(errors.INVALID, f"request body is not valid JSON: {e}") from None
-
-
-def _without_lone_surrogates(x: Any) -> Any:
-  if isinstance(x, str):
-    # json.loads already joined the valid pairs: what is left in the surrogate range is lone.
-    return x.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-  if isinstance(x, list):
-    return [_without_lone_surrogates(v) for v in x]
-  if isinstance(x, dict):
-    return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in x.items()}
-  return x
+  return request.headers.get("x-api-key") or bearer_token(request.headers)
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:
   return web.Response(body=dumps(body).encode(), status=status, content_type="application/json")
+
+
+def _http_error(e: web.HTTPException, request: web.Request) -> ApiError:
+  """aiohttp's own error (an unknown route, a method the route lacks) as one the dialects shape."""
+  kinds = {404: errors.NOT_FOUND, 405: errors.NOT_ALLOWED, 408: errors.TIMEOUT, 413: errors.TOO_LARGE}
+  return ApiError(kinds.get(e.status, errors.INVALID if e.status < 500 else errors.INTERNAL),
+                  f"{request.method} {request.path}: {e.reason}", status=e.status)
 
 
 class _TurnFeed:
@@ -158,18 +159,63 @@ class _TurnFeed:
     return self.parser.finish()[1]
 
 
+@dataclasses.dataclass
+class _Call:
+  """One model call from its validated request to its answer: what its record and its response need."""
+  request: web.Request
+  dialect: Dialect
+  rollout: Rollout
+  req: ChatRequest
+  prompt: Prompt
+  input_ids: tuple[int, ...]  # The record's ids; the log writer caches them, uncopied.
+  params: SamplingParams
+  index: int
+  t_start: float
+  model: str
+  message_id: str
+  encoded: EncodedInput  # The ids' JSON, for the engine request and the log line.
+  feed: _TurnFeed
+  extra: dict[str, Any]  # The record's `extra` known before generation.
+  stream: web.StreamResponse | None = None  # Once the event stream's headers went out.
+  disconnected: bool = False
+
+  async def open_stream(self) -> bytes:
+    """Starts the event stream (aiohttp sends its headers with the first write); returns the dialect's
+    first events, for that write."""
+    self.stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                              "Cache-Control": "no-cache"})
+    await self.stream.prepare(self.request)
+    return self.dialect.stream_head(self.message_id, self.model, len(self.input_ids))
+
+  async def send(self, data: bytes) -> None:
+    if data and not self.disconnected:
+      try:
+        await self.stream.write(data)
+      except (ConnectionError, RuntimeError):
+        self.disconnected = True  # Keep going: the generation is still logged.
+
+  def record(self, **fields: Any) -> CallRecord:
+    r = self.rollout
+    return CallRecord(rollout_id=r.rollout_id, task_id=r.task_id, harness=r.harness, call_index=self.index,
+                      input_ids=self.input_ids, role=r.profile.role(self.req), model=self.model,
+                      t_start=self.t_start, t_end=time.time(), **fields)
+
+
 class ShimServer:
-  """The shim as an aiohttp application; `start()`/`stop()` inside a running event loop."""
+  """The shim as an aiohttp application; `start()`/`stop()` inside a running event loop. `admin_token`
+  opens the control routes (a fresh random one when not given)."""
 
   def __init__(self, config: ShimConfig, backend: Backend, template: ChatTemplate,
-               profiles: dict[str, HarnessProfile] | None = None):
+               profiles: dict[str, HarnessProfile] | None = None, admin_token: str | None = None):
     self.config, self.backend, self.template = config, backend, template
     self.profiles = profiles or {}
-    self.registry = RolloutRegistry(config.log_dir)
+    self.admin_token = admin_token or new_token()
+    self.registry = RolloutRegistry(config.log_dir, fsync=config.fsync_call_log)
+    self.log_space = LogSpace(config.log_dir, config.min_free_log_bytes)
     self._log_pool = concurrent.futures.ThreadPoolExecutor(config.log_threads,
                                                            thread_name_prefix="clawjax-log")
     self.anthropic, self.openai = AnthropicDialect(), OpenAIDialect()
-    self.app = web.Application(client_max_size=config.max_body_bytes)
+    self.app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._errors])
     self._runner: web.AppRunner | None = None
     self.url = ""
     routes = [("POST", "/v1/messages", self._messages),
@@ -185,9 +231,15 @@ class ShimServer:
     self.app.router.add_get("/health", self._health)
 
   async def start(self) -> str:
-    self._runner = web.AppRunner(self.app, access_log=None)
+    """Serves; raises OSError naming the call log directory when it is not writable."""
+    self.log_space.check_writable()
+    if problem := self.log_space.problem():
+      log.warning("%s: model calls get 503 until space returns", problem)
+    # aiohttp's keep-alive timer also closes a connection that has not sent a whole request in time.
+    self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=self.config.read_timeout_s)
     await self._runner.setup()
-    site = web.TCPSite(self._runner, self.config.host, self.config.port)
+    site = ClientCappedSite(self._runner, self.config.host, self.config.port,
+                            self.config.max_connections_per_client)
     await site.start()
     port = self._runner.addresses[0][1]
     self.url = self.config.public_url or f"http://{self.config.host}:{port}"
@@ -200,13 +252,54 @@ class ShimServer:
     await self.backend.close()
     self._log_pool.shutdown(wait=True)
 
-  # ---- admin API
+  @web.middleware
+  async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+    """Every error a route raises, as the dialect's error body (a model call's own, by its path)."""
+    dialect = self.anthropic if ("/v1/messages" in request.path
+                                 or "anthropic-version" in request.headers) else self.openai
+    try:
+      return await handler(request)
+    except ApiError as e:
+      return self._error(dialect, e)
+    except web.HTTPException as e:
+      if e.status < 400:
+        raise
+      return self._error(dialect, _http_error(e, request))
+    except HttpProcessingError as e:  # A body aiohttp could not decode (bad chunked encoding).
+      return self._error(dialect, ApiError(errors.INVALID, f"malformed request: {e.message}"))
+    except ConnectionError:
+      raise  # The client went: nobody to answer (aiohttp drops the connection quietly).
+    except Exception:  # pylint: disable=broad-except
+      log.exception("%s %s failed", request.method, request.path)
+      return self._error(dialect, ApiError(errors.INTERNAL, "internal error of the shim (logged)"))
+
+  def _error(self, dialect: Dialect, err: ApiError) -> web.Response:
+    return _json_response(dialect.error_body(err), err.status)
+
+  async def _json_body(self, request: web.Request) -> Any:
+    raw = await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
+    return decode_json(raw, self.config.max_json_depth)
+
+  def _check_log_space(self) -> None:
+    if problem := self.log_space.problem():
+      raise ApiError(errors.UNAVAILABLE, f"the shim cannot record calls now: {problem}; retry later")
+
+  # ---- control routes
+
+  def _require_admin(self, request: web.Request) -> None:
+    status = admin_status(request.headers, self.admin_token)
+    if status == 401:
+      raise ApiError(errors.AUTH, "control route: send the admin token as Authorization: Bearer TOKEN")
+    if status == 403:
+      raise ApiError(errors.PERMISSION, "control route: that is not the admin token")
 
   async def create_rollout(self, task_id: str, harness: str, rollout_id: str | None = None
                            ) -> dict[str, Any]:
     """In-process form of POST /rollouts. `context_window` is the prompt + generation limit the shim
     enforces (`_max_context`): a harness compacts in time only if it knows it (the harness adapters
-    pass it on), since a model name it does not recognise gets a window of up to 1M tokens."""
+    pass it on), since a model name it does not recognise gets a window of up to 1M tokens. Raises
+    ApiError(503) when the call log cannot take records, ValueError for a bad or taken id."""
+    self._check_log_space()
     window = await self._max_context()  # (Before registering: a failure here leaves no rollout.)
     profile = self.profiles.get(harness) or profile_for(harness)
     rollout = self.registry.create(task_id, harness, profile, PromptBuilder(self.template),
@@ -216,30 +309,31 @@ class ShimServer:
             "api_key": rollout.api_key, "log_path": rollout.writer.path, "context_window": window}
 
   async def _create_rollout(self, request: web.Request) -> web.Response:
+    self._require_admin(request)
+    body = await self._json_body(request)
+    if not isinstance(body, dict):
+      raise ApiError(errors.INVALID, "body must be a JSON object")
+    fields = {k: body.get(k) for k in ("task_id", "harness", "rollout_id")}
+    for k, val in fields.items():
+      if (val is not None or k != "rollout_id") and not isinstance(val, str):
+        raise errors.invalid(k, "must be a string")
     try:
-      body = json.loads(await request.read())
-      if not isinstance(body, dict):
-        raise ValueError("body must be a JSON object")
-      fields = {k: body.get(k) for k in ("task_id", "harness", "rollout_id")}
-      for k, val in fields.items():
-        if (val is not None or k != "rollout_id") and not isinstance(val, str):
-          raise ValueError(f"field {k!r} must be a string")
       return _json_response(await self.create_rollout(**fields))
-    except web.HTTPRequestEntityTooLarge:
-      return _json_response({"error": "request body too large"}, 413)
     except ValueError as e:
-      return _json_response({"error": str(e)}, 400)
+      raise ApiError(errors.INVALID, str(e)) from None
 
   async def _finish_rollout(self, request: web.Request) -> web.Response:
+    self._require_admin(request)
     rollout = await self.registry.finish(request.match_info["rid"], self.config.finish_timeout_s)
     if rollout is None:
-      return _json_response({"error": "unknown rollout"}, 404)
+      raise ApiError(errors.NOT_FOUND, "unknown rollout")
     return _json_response(rollout.summary())
 
   async def _get_rollout(self, request: web.Request) -> web.Response:
+    self._require_admin(request)
     rollout = self.registry.get(request.match_info["rid"])
     if rollout is None:
-      return _json_response({"error": "unknown rollout"}, 404)
+      raise ApiError(errors.NOT_FOUND, "unknown rollout")
     return _json_response(rollout.summary())
 
   async def _health(self, request: web.Request) -> web.Response:
@@ -262,28 +356,17 @@ class ShimServer:
   async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
     return await self._call(request, self.openai)
 
-  def _error(self, dialect: Dialect, err: ApiError) -> web.Response:
-    return _json_response(dialect.error_body(err), err.status)
-
-  async def _authorized_body(self, request: web.Request) -> tuple[Rollout, Any]:
-    """The rollout and decoded JSON body of a model request, or ApiError (nothing is written)."""
+  def _rollout_of(self, request: web.Request) -> Rollout:
+    """The rollout a model request's key opens (ApiError 401 otherwise; nothing is written)."""
     rollout = self.registry.lookup(_api_key(request), request.match_info.get("rid"))
     if rollout is None:
       raise ApiError(errors.AUTH, "invalid x-api-key: unknown or finished rollout")
-    try:
-      raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-      raise ApiError(errors.TOO_LARGE,
-                     f"request body exceeds {self.config.max_body_bytes} bytes") from None
-    return rollout, _decode_json(raw)
+    return rollout
 
   async def _count_tokens(self, request: web.Request) -> web.Response:
-    try:
-      _, body = await self._authorized_body(request)
-      req = parse_messages(body, need_max_tokens=False)
-      ids = self.template.render(req.messages, req.tools, enable_thinking=req.enable_thinking)
-    except ApiError as e:
-      return self._error(self.anthropic, e)
+    self._rollout_of(request)
+    req = parse_messages(await self._json_body(request), need_max_tokens=False)
+    ids = self.template.render(req.messages, req.tools, enable_thinking=req.enable_thinking)
     return _json_response({"input_tokens": len(ids)})
 
   async def _max_context(self) -> int:
@@ -298,126 +381,74 @@ class ShimServer:
   async def _call(self, request: web.Request, dialect: Dialect) -> web.StreamResponse:
     t_start = time.time()
     try:
-      rollout, body = await self._authorized_body(request)
-      req = dialect.parse_request(body, rollout.memos[dialect.name])
+      rollout = self._rollout_of(request)
+      self._check_log_space()
+      req = dialect.parse_request(await self._json_body(request), rollout.memos[dialect.name])
       if rollout.builder is None:
         raise ApiError(errors.AUTH, "rollout is finished")
       try:
         prompt = rollout.builder.build(req.messages, req.tools, enable_thinking=req.enable_thinking)
       except ValueError as e:
         raise ApiError(errors.INVALID, f"messages: {e}") from None
-      input_ids = prompt.input_ids  # A fresh list per call: no copy needed.
       max_context = await self._max_context()
-      if len(input_ids) >= max_context:
-        raise self._too_long(len(input_ids), max_context)
+      if len(prompt.input_ids) >= max_context:
+        raise self._too_long(len(prompt.input_ids), max_context)
     except ApiError as e:
       return self._error(dialect, e)
+    input_ids = tuple(prompt.input_ids)
     max_new = min(req.max_tokens or self.config.max_new_tokens, self.config.max_new_tokens,
                   max_context - len(input_ids))
     params = SamplingParams(max_new_tokens=max_new, temperature=self.config.temperature,
                             top_p=self.config.top_p, top_k=self.config.top_k,
                             stop_token_ids=self.template.stop_token_ids)
-    call_index = rollout.begin_call()
-    try:
-      return await self._generate_and_respond(request, dialect, rollout, req, prompt, input_ids,
-                                              params, call_index, t_start)
-    finally:
-      rollout.end_call()
-
-  async def _generate_and_respond(self, request: web.Request, dialect: Dialect, rollout: Rollout,
-                                  req: ChatRequest, prompt: Any, input_ids: list[int],
-                                  params: SamplingParams, call_index: int,
-                                  t_start: float) -> web.StreamResponse:
-    message_id = new_id("msg_" if dialect is self.anthropic else "chatcmpl-")
-    # The call log's incremental encoding makes the ids' JSON cheap (new tokens only); the record and
-    # a remote engine's request both use it.
-    input_tuple = tuple(input_ids)  # The record's ids; the log writer caches it, uncopied.
-    encoded = rollout.writer.encode_ids(input_tuple, call_index)
-    feed = _TurnFeed(self.template.turn_stream(dialect.tool_id_prefix),
-                     dialect.turn_events(message_id, self.config.model_name) if req.stream else None,
-                     incremental=req.stream and self.config.incremental_stream)
-
-    async def generate() -> tuple[Generation, float]:
-      t = time.time()
-      ids = EncodedIds(input_ids, encoded.engine_json)
-      if feed.woken is None:
-        gen = await self.backend.generate(ids, params)
-      else:
-        gen = await self.backend.generate_streaming(ids, params, feed.on_tokens)
-        feed.check(gen, type(self.backend).__name__)
-      return gen, time.time() - t
-
-    gen_task = asyncio.ensure_future(generate())
-    stream: web.StreamResponse | None = None
-    disconnected = False
-
-    async def send(data: bytes) -> None:
-      nonlocal disconnected
-      if data and not disconnected:
-        try:
-          await stream.write(data)
-        except (ConnectionError, RuntimeError):
-          disconnected = True  # Keep going: the generation is still logged.
-
-    if req.stream:
-      # Hold the headers back for one keep-alive interval (or until text streams), so a fast failure
-      # still gets its status.
-      await self._until(gen_task, feed.woken)
-      if not gen_task.done():
-        stream = await self._open_stream(request)
-        await send(dialect.stream_head(message_id, self.config.model_name, len(input_ids)))
-        while not gen_task.done():
-          await send(feed.take() or dialect.keepalive())
-          await self._until(gen_task, feed.woken)
-    record = dict(rollout_id=rollout.rollout_id, task_id=rollout.task_id, harness=rollout.harness,
-                  call_index=call_index, input_ids=input_tuple, role=rollout.profile.role(req),
-                  model=self.config.model_name, t_start=t_start)
     extra = {"api": dialect.name, "stream": req.stream, "request_model": req.model,
              "max_new_tokens": params.max_new_tokens, "spliced_turns": prompt.spliced_turns,
              "drifted_turns": prompt.drifted_turns, "new_tokens": prompt.new_tokens}
     if req.client_sampling:
       extra["client_sampling"] = req.client_sampling
+    index = rollout.begin_call()
     try:
-      gen, extra["backend_s"] = await gen_task  # backend_s: splits a call's time, engine vs shim.
-    except Exception as e:  # A backend bug is still a backend failure: log it, answer 500.
-      status = e.status if isinstance(e, BackendError) else 500
-      overloaded = isinstance(e, BackendError) and e.overloaded
-      err = ApiError(errors.OVERLOADED if overloaded else errors.INTERNAL, f"backend error: {e}",
-                     status=(529 if dialect is self.anthropic else 503) if overloaded else 500)
-      if not isinstance(e, BackendError):
-        log.exception("backend raised")
-      await self._write(rollout, encoded, CallRecord(
-          **record, status="error", output_ids=(), output_logprobs=(), finish_reason=None,
-          t_end=time.time(), policy_version=None,
-          extra=dict(extra, error=str(e), backend_status=status)))
-      if stream is None:
-        return self._error(dialect, err)
-      await send(feed.take() + dialect.stream_error(err))
-      return stream
-    turn = feed.finish(gen)
-    rollout.builder.record_generation(prompt, gen.output_ids, turn)  # Open until end_call.
-    if turn.malformed:
-      extra["malformed_tool_calls"] = list(turn.malformed)
-    if disconnected:
-      extra["client_disconnected"] = True
-    call = CallRecord(**record, status="ok", output_ids=tuple(gen.output_ids),
-                      output_logprobs=tuple(gen.output_logprobs), finish_reason=gen.finish_reason,
-                      t_end=time.time(), policy_version=gen.policy_version, extra=extra)
-    written = self._start_write(rollout, encoded, call)
-    result = ChatResult(turn, len(input_ids), len(gen.output_ids), gen.finish_reason)
-    if not req.stream:
-      await self._finish_write(rollout, encoded, call, written)
-      return _json_response(dialect.response(result, self.config.model_name, message_id))
-    try:  # Everything but the final event goes out while the record is being fsynced.
-      head = b""
-      if stream is None:  # (One write: aiohttp sends the headers with the first chunk.)
-        stream = await self._open_stream(request)
-        head = dialect.stream_head(message_id, self.config.model_name, len(input_ids))
-      await send(head + feed.take() + feed.events.rest(result, req.include_usage))
+      message_id = new_id(dialect.message_id_prefix)
+      model = self.config.model_name
+      feed = _TurnFeed(self.template.turn_stream(dialect.tool_id_prefix),
+                       dialect.turn_events(message_id, model) if req.stream else None,
+                       incremental=req.stream and self.config.incremental_stream)
+      # The call log's incremental encoding makes the ids' JSON cheap (new tokens only); the record
+      # and a remote engine's request both use it.
+      call = _Call(request, dialect, rollout, req, prompt, input_ids, params, index, t_start, model,
+                   message_id, rollout.writer.encode_ids(input_ids, index), feed, extra)
+      gen_task = asyncio.ensure_future(self._generate(call))
+      if req.stream:
+        await self._stream_while_generating(call, gen_task)
+      try:
+        gen, backend_s = await gen_task
+      except Exception as e:  # pylint: disable=broad-except  (a backend bug is a backend failure too)
+        return await self._fail(call, e)
+      return await self._succeed(call, gen, backend_s)
     finally:
-      await self._finish_write(rollout, encoded, call, written)
-    await send(dialect.stream_final())
-    return stream
+      rollout.end_call()
+
+  async def _generate(self, call: _Call) -> tuple[Generation, float]:
+    """The backend's generation and its seconds (`backend_s`: splits a call's time, engine vs shim)."""
+    t = time.time()
+    prompt = PromptIds(call.input_ids, call.encoded.engine_json)
+    if call.feed.woken is None:
+      gen = await self.backend.generate(prompt, call.params)
+    else:
+      gen = await self.backend.generate_streaming(prompt, call.params, call.feed.on_tokens)
+      call.feed.check(gen, type(self.backend).__name__)
+    return gen, time.time() - t
+
+  async def _stream_while_generating(self, call: _Call, gen_task: asyncio.Future) -> None:
+    """Holds the headers back for one keep-alive interval (or until text streams), so a fast failure
+    still gets its status; then streams the text so far, or a keep-alive, each interval."""
+    await self._until(gen_task, call.feed.woken)
+    if gen_task.done():
+      return
+    await call.send(await call.open_stream())
+    while not gen_task.done():
+      await call.send(call.feed.take() or call.dialect.keepalive())
+      await self._until(gen_task, call.feed.woken)
 
   async def _until(self, gen_task: asyncio.Future, woken: asyncio.Event | None) -> None:
     """Waits for the generation, streamed text (`woken`) or one keep-alive interval, what comes first."""
@@ -429,45 +460,102 @@ class ShimServer:
                        return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
 
-  async def _open_stream(self, request: web.Request) -> web.StreamResponse:
-    stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                         "Cache-Control": "no-cache"})
-    await stream.prepare(request)
-    return stream
+  async def _fail(self, call: _Call, e: Exception) -> web.StreamResponse:
+    """A failed generation: an `error` record, and the API's error (an `error` event once streaming)."""
+    status = e.status if isinstance(e, BackendError) else 500
+    if isinstance(e, BackendError) and e.overloaded:
+      err = ApiError(errors.OVERLOADED, f"backend error: {e}", status=call.dialect.overloaded_status)
+    else:
+      err = ApiError(errors.INTERNAL, f"backend error: {e}", status=500)
+      if not isinstance(e, BackendError):
+        log.exception("backend raised")
+    record = call.record(status="error", output_ids=(), output_logprobs=(), finish_reason=None,
+                         policy_version=None, extra=dict(call.extra, error=str(e), backend_status=status))
+    # (The answer is this error whether or not its record could be written.)
+    await self._finish_store(call, record, self._start_store(call, record))
+    if call.stream is None:
+      return self._error(call.dialect, err)
+    await call.send(call.feed.take() + call.dialect.stream_error(err))
+    return call.stream
 
-  def _start_write(self, rollout: Rollout, encoded: EncodedInput, record: CallRecord
-                   ) -> asyncio.Future:
+  async def _succeed(self, call: _Call, gen: Generation, backend_s: float) -> web.StreamResponse:
+    """A generated turn: its `ok` record, then the turn, whose final bytes wait for the record."""
+    turn = call.feed.finish(gen)
+    call.rollout.builder.record_generation(call.prompt, gen.output_ids, turn)  # Open until end_call.
+    extra = dict(call.extra, backend_s=backend_s)
+    if turn.malformed:
+      extra["malformed_tool_calls"] = list(turn.malformed)
+    if call.disconnected:
+      extra["client_disconnected"] = True
+    record = call.record(status="ok", output_ids=tuple(gen.output_ids),
+                         output_logprobs=tuple(gen.output_logprobs), finish_reason=gen.finish_reason,
+                         policy_version=gen.policy_version, extra=extra)
+    stored = self._start_store(call, record)
+    result = ChatResult(turn, len(call.input_ids), len(gen.output_ids), gen.finish_reason)
+    if not call.req.stream:
+      failure = await self._finish_store(call, record, stored)
+      if failure is not None:
+        return self._error(call.dialect, failure)
+      return _json_response(call.dialect.response(result, call.model, call.message_id))
+    try:  # Everything but the final event goes out while the record is being written.
+      head = b"" if call.stream is not None else await call.open_stream()
+      await call.send(head + call.feed.take() + call.feed.events.rest(result, call.req.include_usage))
+    finally:
+      failure = await self._finish_store(call, record, stored)
+    await call.send(call.dialect.stream_final() if failure is None else call.dialect.stream_error(failure))
+    return call.stream
+
+  def _start_store(self, call: _Call, record: CallRecord) -> asyncio.Future:
     """Builds and validates the record's line here, and appends + fsyncs it on a log thread (the disk
-    blocks; other rollouts' calls keep flowing). Returns the future of the fsync."""
-    line = rollout.writer.call_line(record, encoded)
-    return asyncio.get_running_loop().run_in_executor(self._log_pool, rollout.writer.append, line)
+    blocks; other rollouts' calls keep flowing). Returns the future of the write."""
+    loop = asyncio.get_running_loop()
+    try:
+      line = call.rollout.writer.call_line(record, call.encoded)
+    except ValueError as e:  # A record the shim built that does not validate: not stored either.
+      log.exception("call record does not validate")
+      failed = loop.create_future()
+      failed.set_exception(e)
+      return failed
+    return loop.run_in_executor(self._log_pool, call.rollout.writer.append, line)
 
-  async def _finish_write(self, rollout: Rollout, encoded: EncodedInput, record: CallRecord,
-                          written: asyncio.Future) -> None:
-    """While the disk works: cache this call's encoding for the next call. Then wait for the fsync."""
-    rollout.writer.remember(record, encoded)
-    await written
-    rollout.note_written(record)
-
-  async def _write(self, rollout: Rollout, encoded: EncodedInput, record: CallRecord) -> None:
-    await self._finish_write(rollout, encoded, record, self._start_write(rollout, encoded, record))
+  async def _finish_store(self, call: _Call, record: CallRecord, stored: asyncio.Future
+                          ) -> ApiError | None:
+    """While the disk works: this call's cache entry for the next call. Once the record is on disk, the
+    entry is cached and the call counted in the rollout's summary. A record that could not be written
+    marks the rollout failed; the error to answer with is returned."""
+    entry = call.rollout.writer.cache_entry(record, call.encoded)
+    try:
+      await stored
+    except (OSError, ValueError) as e:
+      reason = f"call {record.call_index} could not be recorded: {e}"
+      log.error("rollout %s: %s", call.rollout.rollout_id, reason)
+      call.rollout.fail(reason)
+      return ApiError(errors.INTERNAL, f"the shim could not record this call ({e}); it is not answered")
+    call.rollout.writer.remember(entry)
+    call.rollout.note_written(record)
+    return None
 
 
 class ShimThread:
   """Runs a ShimServer on its own event loop thread (tests, synchronous callers).
 
-  with ShimThread(config, backend, template) as shim: shim.url, shim.create_rollout(...)
+  with ShimThread(config, backend, template) as shim: shim.url, shim.admin_token, shim.create_rollout(...)
   """
 
   def __init__(self, config: ShimConfig, backend: Backend, template: ChatTemplate,
-               profiles: dict[str, HarnessProfile] | None = None):
-    self.server = ShimServer(config, backend, template, profiles)
+               profiles: dict[str, HarnessProfile] | None = None, admin_token: str | None = None):
+    self.server = ShimServer(config, backend, template, profiles, admin_token)
     self.loop = asyncio.new_event_loop()
     self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="clawjax-shim")
 
   @property
   def url(self) -> str:
     return self.server.url
+
+  @property
+  def admin_token(self) -> str:
+    """The token of the control routes over HTTP (`run_rollout(..., admin_token=...)`)."""
+    return self.server.admin_token
 
   def run(self, coro) -> Any:
     return asyncio.run_coroutine_threadsafe(coro, self.loop).result()

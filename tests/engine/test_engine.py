@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from clawjax.engine.engine import Engine, EngineError
-from clawjax.serving.backends.base import SamplingParams
+from clawjax.generation import SamplingParams
 from clawjax.serving.backends.embedded import EmbeddedBackend
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder

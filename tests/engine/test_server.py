@@ -12,17 +12,19 @@ from aiohttp import web
 from clawjax.engine.engine import Engine
 from clawjax.models.loading import load_weights
 from clawjax.engine.server import SGLANG_DEFAULT_MAX_NEW_TOKENS, EngineServer, parse_sampling
+from clawjax.generation import SamplingParams
 from clawjax.models import hf_io
-from clawjax.serving.backends.base import SamplingParams, create_backend
+from clawjax.serving.backends.base import BackendError, PromptIds, create_backend
 from tests.engine.conftest import SMALL, learner_logprobs, prompt, tiny_model
 from tests.ports import free_port
 
 EOS = 7  # the served model's EOS id in these tests
+TOKEN = "the-trainers-admin-token"
 
 
-def http(url: str, body=None) -> tuple[int, object]:
-  req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                               headers={"Content-Type": "application/json"})
+def http(url: str, body=None, token=None) -> tuple[int, object]:
+  headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+  req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
   try:
     with urllib.request.urlopen(req, timeout=120) as resp:
       status, raw = resp.status, resp.read()
@@ -37,7 +39,7 @@ def http(url: str, body=None) -> tuple[int, object]:
 async def with_server(model, fn):
   engine = Engine(model, SMALL)
   server = EngineServer(engine, "test-tiny-vocab", lambda path: engine.update_from_model(load_weights(path, model)),
-                        eos_token_id=EOS)
+                        eos_token_id=EOS, admin_token=TOKEN)
   runner = web.AppRunner(server.app)
   await runner.setup()
   site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -58,7 +60,7 @@ def test_plain_http_round_trip(model, tmp_path):
           "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
 
   async def scenario(url, engine):
-    call = lambda path, b=None: asyncio.to_thread(http, url + path, b)
+    call = lambda path, b=None, token=TOKEN: asyncio.to_thread(http, url + path, b, token)
     assert (await call("/health"))[0] == 200
     status, out = await call("/generate", body)
     assert status == 200, out
@@ -82,6 +84,9 @@ def test_plain_http_round_trip(model, tmp_path):
     status, outs = await call("/generate", {"input_ids": [ids, ids[:5]],
                                             "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
     assert status == 200 and len(outs) == 2 and "output_token_logprobs" not in outs[0]["meta_info"]
+    # The control routes need the admin token: 401 without, 403 with another; they do nothing then.
+    for path, b in [("/flush_cache", None), ("/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})]:
+      assert (await call(path, b, None))[0] == 401 and (await call(path, b, "sk-guess"))[0] == 403
     assert (await call("/flush_cache"))[0] == 200
     info = (await call("/get_model_info"))[1]
     assert info["is_generation"] and info["weight_version"] == 0
@@ -129,9 +134,10 @@ def test_shim_sglang_backend_client_round_trip(model):
   ids = prompt(23, 25)
 
   async def scenario(url, engine):
-    backend = create_backend("sglang", url=url)
+    backend = create_backend("sglang", url=url, admin_api_key=TOKEN)
+    keyless = create_backend("sglang", url=url)
     try:
-      gen = await backend.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+      gen = await backend.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
       direct = await engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9,
                                                    stop_token_ids=(EOS,)))
       assert gen.output_ids == direct.output_ids and gen.policy_version == 0
@@ -139,12 +145,17 @@ def test_shim_sglang_backend_client_round_trip(model):
       # Streamed (the shim's --incremental-stream): an event per token, then the finish.
       got = []
       streamed = await backend.generate_streaming(
-          ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
+          PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
       assert streamed == gen and got == [[t] for t in gen.output_ids]
       assert await backend.health()
       await backend.flush_cache()  # answered in plain text, as SGLang does
+      with pytest.raises(BackendError, match="HTTP 401"):
+        await keyless.flush_cache()
+      assert (await keyless.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+              ) == gen  # (generation needs no key)
     finally:
       await backend.close()
+      await keyless.close()
 
   asyncio.run(with_server(model, scenario))
 
@@ -157,9 +168,12 @@ def test_command_line_server_serves_test_tiny(tmp_path):
   import time
   port = free_port()
   log = open(tmp_path / "server.log", "w")
+  token_file = tmp_path / "admin_token"
+  env = {k: v for k, v in os.environ.items() if k != "CLAWJAX_ADMIN_TOKEN"}
   proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", "test-tiny", "--port", str(port),
-                           "--max-slots", "2", "--max-seq-len", "128", "--prefill-chunk", "64"],
-                          stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                           "--max-slots", "2", "--max-seq-len", "128", "--prefill-chunk", "64",
+                           "--admin-token-file", str(token_file)],
+                          stdout=log, stderr=subprocess.STDOUT, env={**env, "JAX_PLATFORMS": "cpu"})
   url = f"http://127.0.0.1:{port}"
   try:
     deadline = time.time() + 300
@@ -176,6 +190,10 @@ def test_command_line_server_serves_test_tiny(tmp_path):
                                            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
     assert status == 200 and len(out["output_ids"]) == 4 and out["meta_info"]["weight_version"] == 0
     assert http(url + "/get_model_info")[1]["model_path"] == "test-tiny"
+    # No $CLAWJAX_ADMIN_TOKEN: a generated token, readable by its owner only, opens the control routes.
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert http(url + "/flush_cache", {})[0] == 401
+    assert http(url + "/flush_cache", {}, token_file.read_text().strip())[0] == 200
   finally:
     proc.terminate()
     proc.wait(timeout=60)

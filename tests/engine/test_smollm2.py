@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from clawjax.engine.engine import Engine, EngineConfig
-from clawjax.serving.backends.base import SamplingParams
+from clawjax.generation import SamplingParams
 from clawjax.models.loading import load_model
 from tests.engine.conftest import learner_logprobs
 

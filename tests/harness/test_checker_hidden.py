@@ -81,7 +81,7 @@ def test_agent_searching_for_the_checker_finds_nothing(mode, where, template, tm
     shim = start_shim(stack, template, tmp_path / "logs", script)
     config = RolloutConfig(timeout_s=120, settle_interval_s=0.1, work_root=str(tmp_path / "work"),
                            sandbox=sandbox.SandboxConfig(mode=mode))
-    outcome = run_rollout(shim.url, task, "mini", config)
+    outcome = run_rollout(shim.url, task, "mini", config, admin_token=shim.admin_token)
   calls, _, _ = load_rollout(tmp_path / "logs", outcome.record.rollout_id)
   assert len(calls) == 2 and outcome.record.status == "ok", dumps(outcome.record.extra)
   # The search's output as the model saw it: the tool response in the next call's input.

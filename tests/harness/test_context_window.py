@@ -55,7 +55,8 @@ def limited_run(request, template, hello_task, tmp_path_factory):
     config = RolloutConfig(timeout_s=300, settle_interval_s=0.2, work_root=str(tmp / "work"),
                            harness=HarnessOptions(max_turns=8, timeout_s=240))
     with CallLogWriter(tmp / "logs" / "rollouts.jsonl") as writer:
-      outcome = run_rollout(shim.url, hello_task, name, config, writer)
+      outcome = run_rollout(shim.url, hello_task, name, config, writer,
+                            admin_token=shim.admin_token)
   return (name, window, outcome, *load_rollout(tmp / "logs", outcome.record.rollout_id))
 
 

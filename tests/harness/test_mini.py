@@ -48,7 +48,8 @@ def mini_run(template, hello_task, tmp_path_factory):
         harness=HarnessOptions(max_turns=8, mini_args=(
             "--context-budget-tokens", "50", "--http-backoff-s", "0.05")))
     with CallLogWriter(tmp / "logs" / "rollouts.jsonl") as writer:
-      outcome = run_rollout(shim.url, hello_task, "mini", config, writer)
+      outcome = run_rollout(shim.url, hello_task, "mini", config, writer,
+                            admin_token=shim.admin_token)
   return (outcome, *load_rollout(tmp / "logs", outcome.record.rollout_id))
 
 
@@ -94,7 +95,7 @@ def test_mini_compacts_when_the_server_says_the_prompt_is_too_long(make_shim, te
   shim = make_shim(play, max_context=1500)
   config = RolloutConfig(timeout_s=120, settle_interval_s=0.1, work_root=str(tmp_path / "work"),
                          harness=HarnessOptions(mini_args=("--compaction-input-chars", "1000")))
-  outcome = run_rollout(shim.url, hello_task, "mini", config)
+  outcome = run_rollout(shim.url, hello_task, "mini", config, admin_token=shim.admin_token)
   assert (outcome.record.status, outcome.record.reward) == ("ok", 1.0), dumps(outcome.record.extra)
   calls, _, tree = load_rollout(tmp_path / "logs", outcome.record.rollout_id)
   # The over-long request was refused before generating (nothing logged); the summariser came next.

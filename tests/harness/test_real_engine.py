@@ -60,7 +60,8 @@ def engine_run(request, template, hello_task, tmp_path_factory):
   with contextlib.ExitStack() as stack:
     shim = stack.enter_context(ShimThread(config, backend, template))
     writer = stack.enter_context(CallLogWriter(tmp / "logs" / "rollouts.jsonl"))
-    outcome = run_rollout(shim.url, hello_task, name, rollout_config, writer)
+    outcome = run_rollout(shim.url, hello_task, name, rollout_config, writer,
+                          admin_token=shim.admin_token)
   return (name, outcome, *load_rollout(tmp / "logs", outcome.record.rollout_id))
 
 

@@ -48,7 +48,8 @@ def harness_run(request, template, hello_task, tmp_path_factory):
     config = RolloutConfig(timeout_s=300, settle_interval_s=0.2, work_root=str(tmp / "work"),
                            keep_dirs=True, harness=HarnessOptions(max_turns=6, timeout_s=240))
     with CallLogWriter(tmp / "logs" / "rollouts.jsonl") as writer:
-      outcome = run_rollout(shim.url, hello_task, name, config, writer)
+      outcome = run_rollout(shim.url, hello_task, name, config, writer,
+                            admin_token=shim.admin_token)
   return (name, outcome, *load_rollout(tmp / "logs", outcome.record.rollout_id))
 
 

@@ -29,7 +29,7 @@ def test_concurrent_rollouts_each_get_their_own_log(make_shim, template, hello_t
   shim = make_shim(play)
   with CallLogWriter(tmp_path / "logs" / "rollouts.jsonl") as writer:
     outcomes = run_rollouts(shim.url, [(hello_task, "mini")] * 3, _config(tmp_path), writer,
-                            concurrency=3)
+                            concurrency=3, admin_token=shim.admin_token)
   assert len({o.record.rollout_id for o in outcomes}) == 3
   for o in outcomes:
     assert (o.record.status, o.record.reward) == ("ok", 1.0), dumps(o.record.extra)
@@ -42,7 +42,8 @@ def test_concurrent_rollouts_each_get_their_own_log(make_shim, template, hello_t
 
 def test_harness_past_its_timeout_is_killed_and_marked(make_shim, hello_task, tmp_path):
   shim = make_shim([ScriptTurn(text="", tool_calls=(("bash", {"command": "sleep 120"}),)), FINAL])
-  outcome = run_rollout(shim.url, hello_task, "mini", _config(tmp_path, timeout_s=3))
+  outcome = run_rollout(shim.url, hello_task, "mini", _config(tmp_path, timeout_s=3),
+                        admin_token=shim.admin_token)
   rec = outcome.record
   assert (rec.status, rec.reward) == ("timeout", None), dumps(rec.extra)
   assert rec.extra["harness_wall_s"] < 30
@@ -61,14 +62,14 @@ def test_harness_giving_up_on_a_dead_backend_is_failed(make_shim, hello_task, tm
   shim = make_shim([FINAL], failures={i: 500 for i in range(10)})
   config = _config(tmp_path, harness=HarnessOptions(
       mini_args=("--http-retries", "2", "--http-backoff-s", "0.01")))
-  outcome = run_rollout(shim.url, hello_task, "mini", config)
+  outcome = run_rollout(shim.url, hello_task, "mini", config, admin_token=shim.admin_token)
   rec = outcome.record
   assert rec.status == "failed" and rec.extra["exit_code"] == 1, dumps(rec.extra)
   calls, _, _ = load_rollout(tmp_path / "logs", rec.rollout_id)
   assert [c.status for c in calls] == ["error"] * 3
 
 
-def test_cli_runs_every_task_and_skips_broken_ones(make_shim, template, tmp_path, capsys):
+def test_cli_runs_every_task_and_skips_broken_ones(make_shim, template, tmp_path, capsys, monkeypatch):
   def play(ids):
     return FINAL if "<tool_response>" in decode_input(template, ids) else WRITE
 
@@ -79,8 +80,11 @@ def test_cli_runs_every_task_and_skips_broken_ones(make_shim, template, tmp_path
   tasks.write_text(json.dumps(good) + "\n" + json.dumps({"task_id": "broken"}) + "\n")
   shim = make_shim(play)
   out = tmp_path / "logs" / "rollouts.jsonl"
+  monkeypatch.delenv("CLAWJAX_ADMIN_TOKEN", raising=False)
+  token_file = tmp_path / "admin_token"
+  token_file.write_text(shim.admin_token + "\n")
   assert main(["--shim", shim.url, "--tasks", str(tasks), "--harness", "mini", "--out", str(out),
-               "--n", "2", "--work-root", str(tmp_path / "work")]) == 0
+               "--n", "2", "--work-root", str(tmp_path / "work"), "--admin-token-file", str(token_file)]) == 0
   assert "task 'broken'" in capsys.readouterr().err
   log = calllog.load(tmp_path / "logs")
   assert sorted((r.task_id, r.status, r.reward) for r in log.rollouts.values()) == [

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from clawjax.engine.engine import Engine, EngineConfig
+from clawjax.generation import SamplingParams
+from clawjax.models.loading import load_model
 from clawjax.rl.advantages import grpo_advantages
 from clawjax.rl.learner import Learner
-from clawjax.models.loading import load_model
 from clawjax.run.session import PolicySession
 from clawjax.tasks import bundled_tasks_dir
 from clawjax.train.config import train_config
-from clawjax.serving.backends.base import SamplingParams
 from clawjax.tree.pack import pack_trees
 
 GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)

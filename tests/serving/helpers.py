@@ -13,6 +13,8 @@ WRITE_TURN = ScriptTurn(text="I will write the file.", thinking="The user wants 
                         tool_calls=(("write_file", {"path": "a.txt", "content": "hello"}),))
 READ_TURN = ScriptTurn(text="", tool_calls=(("read_file", {"path": "a.txt"}),))
 FINAL_TURN = ScriptTurn(text="Done: a.txt says hello.")
+GOOD = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+GOOD_OAI = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def log_calls(path):
@@ -43,13 +45,26 @@ def log_size(log_dir):
   return sum(os.path.getsize(os.path.join(log_dir, n)) for n in os.listdir(log_dir))
 
 
-def post(url, body, key=None, raw=None):
-  """(status, text) of a POST with a JSON body (or `raw` bytes), errors included."""
+def post(url, body, key=None, raw=None, token=None):
+  """(status, text) of a POST with a JSON body (or `raw` bytes), errors included; `key` is a rollout's
+  x-api-key, `token` the admin token (a bearer token)."""
   data = raw if raw is not None else json.dumps(body).encode()
+  return request("POST", url, data, key, token)
+
+
+def get(url, token=None):
+  """(status, decoded JSON) of a GET, errors included."""
+  status, text = request("GET", url, None, None, token)
+  return status, json.loads(text)
+
+
+def request(method, url, data, key=None, token=None):
   headers = {"content-type": "application/json"}
   if key:
     headers["x-api-key"] = key
-  req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+  if token:
+    headers["Authorization"] = f"Bearer {token}"
+  req = urllib.request.Request(url, data=data, headers=headers, method=method)
   try:
     with urllib.request.urlopen(req, timeout=60) as resp:
       return resp.status, resp.read().decode()
@@ -67,3 +82,20 @@ def echo_tool_call_round(client, max_tokens: int):
            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[-1].id,
                                          "content": "ok"}]}]
   return client.messages.create(model="m", max_tokens=max_tokens, messages=msgs, tools=tools)
+
+
+def anthropic_text(client, messages, stream, max_tokens=50):
+  """The text of a Messages call's reply through the SDK, streamed (read to its last event) or not."""
+  if stream:
+    with client.messages.stream(model="m", max_tokens=max_tokens, messages=messages) as s:
+      return s.get_final_message().content[0].text
+  return client.messages.create(model="m", max_tokens=max_tokens, messages=messages).content[0].text
+
+
+def openai_text(client, messages, stream):
+  """The text of a Chat Completions reply through the SDK; a stream must end with its finish reason."""
+  if stream:
+    chunks = list(client.chat.completions.create(model="m", messages=messages, stream=True))
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    return "".join(c.choices[0].delta.content or "" for c in chunks)
+  return client.chat.completions.create(model="m", messages=messages).choices[0].message.content

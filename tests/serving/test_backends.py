@@ -8,8 +8,9 @@ import anthropic
 import pytest
 from aiohttp import web
 
-from clawjax.serving.backends.base import (Backend, BackendError, Generation, SamplingParams,
-                                           backend_names, create_backend, register_backend)
+from clawjax.generation import Generation, SamplingParams
+from clawjax.serving.backends.base import (Backend, BackendError, PromptIds, backend_names, create_backend,
+                                           register_backend)
 from clawjax.serving.backends.scripted import ScriptedBackend, scripted_logprob, turn_ids
 from clawjax.serving.chat import ChatRequest
 from clawjax.serving.profiles import PROFILES, RoleRule, profile_for
@@ -58,7 +59,7 @@ def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
     if fail_status:
       return web.json_response({"error": "busy"}, status=fail_status)
     sp = body["sampling_params"]
-    gen = await policy.generate(body["input_ids"], SamplingParams(
+    gen = await policy.generate(PromptIds(body["input_ids"]), SamplingParams(
         max_new_tokens=sp["max_new_tokens"], stop_token_ids=tuple(sp["stop_token_ids"])))
     return web.json_response({
         "text": "", "output_ids": list(gen.output_ids),
@@ -88,7 +89,7 @@ def vllm_routes(policy: ScriptedBackend, seen: list, max_model_len: int | None =
       return web.json_response({"object": "error", "type": "BadRequestError", "code": 400,
                                 "message": "This model's maximum context length is "
                                            f"{max_model_len} tokens."}, status=400)
-    gen = await policy.generate(body["prompt"], SamplingParams(
+    gen = await policy.generate(PromptIds(body["prompt"]), SamplingParams(
         max_new_tokens=body["max_tokens"], stop_token_ids=tuple(body["stop_token_ids"])))
     return web.json_response({"choices": [{
         "index": 0, "text": "", "token_ids": list(gen.output_ids),
@@ -141,7 +142,7 @@ def test_engine_answer_that_fails_validation_is_a_backend_error(make_shim, templ
   async def generate(request):
     body = await request.json()
     sp = body["sampling_params"]
-    gen = await policy.generate(body["input_ids"], SamplingParams(
+    gen = await policy.generate(PromptIds(body["input_ids"]), SamplingParams(
         max_new_tokens=sp["max_new_tokens"], stop_token_ids=tuple(sp["stop_token_ids"])))
     pairs = [[lp, t, None] for lp, t in zip(gen.output_logprobs, gen.output_ids)]
     if not answers:
@@ -173,7 +174,7 @@ def test_sglang_admin_calls_and_overload(template):
       assert await backend.health()
       await backend.flush_cache()
       await backend.update_weights_from_disk("/some/dir")
-      return await backend.generate([1, 2, 3], SamplingParams(max_new_tokens=4))
+      return await backend.generate(PromptIds([1, 2, 3]), SamplingParams(max_new_tokens=4))
     finally:
       await backend.close()
 
@@ -188,7 +189,7 @@ def test_sglang_admin_calls_and_overload(template):
     backend = create_backend("sglang", url="http://127.0.0.1:9", model="qwen3")
     try:
       assert not await backend.health()
-      await backend.generate([1], SamplingParams(max_new_tokens=1))
+      await backend.generate(PromptIds([1]), SamplingParams(max_new_tokens=1))
     finally:
       await backend.close()
 
@@ -203,8 +204,8 @@ def test_registry_finds_a_registered_backend_by_name():
     def __init__(self, url=None, model=None):
       self.model = model
 
-    async def generate(self, input_ids, params):
-      return Generation(tuple(input_ids[-1:]), (-0.5,), "length", 3)
+    async def generate(self, prompt, params):
+      return Generation(tuple(prompt.ids[-1:]), (-0.5,), "length", 3)
 
   assert "test-echo" in backend_names() and "embedded" in backend_names()
   backend = create_backend("test-echo", url=None, model="m")

@@ -7,11 +7,9 @@ import pytest
 
 from clawjax.serving.backends.scripted import ScriptedBackend
 
-from tests.serving.helpers import (FINAL_TURN, WRITE_TURN, assert_linear_zero_drift,
+from tests.serving.helpers import (FINAL_TURN, GOOD, GOOD_OAI, WRITE_TURN, assert_linear_zero_drift,
                                    echo_tool_call_round, log_calls, log_size, post)
 
-GOOD = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
-GOOD_OAI = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def _with(body, **changes):

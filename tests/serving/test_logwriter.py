@@ -1,6 +1,8 @@
 """The incremental call-log writer: its lines load back to exactly the records written, each input
 only once in full, and the engine gets the same ids as the log."""
+import errno
 import json
+import os
 import random
 
 import pytest
@@ -95,4 +97,51 @@ def test_encode_ids_validates_and_matches_json(tmp_path):
     w.encode_ids([1, 2, 3, 4, -1], 1)
   with pytest.raises(ValueError):
     w.write_call(_record(1, [1, 2], [True]))
+  w.close()
+
+
+@pytest.mark.parametrize("fails_at", ["write", "fsync"])
+def test_a_failed_write_is_cut_back_and_never_referred_to(tmp_path, monkeypatch, fails_at):
+  """Half a line written, then ENOSPC (or a failed fsync): the file is back to its whole lines, the
+  error is raised, and the next record neither follows a torn line nor refers to the failed one."""
+  w = RolloutLogWriter(tmp_path / "a.jsonl")
+  w.write_call(_record(0, [1, 2, 3], [4]))
+  whole = (tmp_path / "a.jsonl").read_bytes()
+  real_writev = os.writev
+
+  def half_then_full(fd, buffers):
+    data = b"".join(buffers)
+    os.write(fd, data[:len(data) // 2])  # (os.write itself is still the real one here.)
+    if fails_at == "write":
+      monkeypatch.setattr(os, "write", enospc)
+      return len(data) // 2
+    os.write(fd, data[len(data) // 2:])
+    return len(data)
+
+  def enospc(*_):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "writev", half_then_full)
+  if fails_at == "fsync":
+    monkeypatch.setattr(os, "fsync", lambda fd: enospc())
+  failed = _record(1, [1, 2, 3, 4, 5], [6])
+  encoded = w.encode_ids(failed.input_ids, 1)
+  with pytest.raises(OSError, match="No space"):
+    w.append(w.call_line(failed, encoded))
+  monkeypatch.undo()
+  assert (tmp_path / "a.jsonl").read_bytes() == whole
+  # (The server caches a call's prefix only once its record is on disk: call 1 stays unknown.)
+  assert w.encode_ids([1, 2, 3, 4, 5, 6, 7], 2).log_field.startswith(b'"input_ref":{"call_index":0,')
+  w.write_call(_record(2, [1, 2, 3, 4, 5, 6, 7], [8]))
+  w.close()
+  assert [c.call_index for c in load(tmp_path / "a.jsonl").calls["r1"]] == [0, 2]
+  assert real_writev is os.writev
+
+
+def test_without_fsync_lines_are_still_written_before_returning(tmp_path, monkeypatch):
+  synced = []
+  monkeypatch.setattr(os, "fsync", synced.append)
+  w = CallLogWriter(tmp_path / "r.jsonl", fsync=False)
+  w.write(_record(0, [1], [2]))
+  assert not synced and len(load(tmp_path / "r.jsonl").calls["r1"]) == 1
   w.close()

@@ -8,14 +8,15 @@ import threading
 import pytest
 from aiohttp import web
 
-from clawjax.serving.backends.base import BackendError, SamplingParams, create_backend
+from clawjax.generation import SamplingParams
+from clawjax.serving.backends.base import BackendError, PromptIds, create_backend
 from clawjax.serving.backends.http import sse_data
 from clawjax.serving.backends.scripted import ScriptedBackend, scripted_logprob, turn_ids
 
 from tests.serving.helpers import WRITE_TURN
 from tests.serving.test_backends import EngineServer
 
-PROMPT = [151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198]
+PROMPT = PromptIds([151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198])
 PARAMS = SamplingParams(max_new_tokens=300, temperature=0.7, top_p=0.9, top_k=40,
                         stop_token_ids=(151645,), seed=11)
 
@@ -49,7 +50,7 @@ class StreamingSGLang:
     if self.status:
       return web.json_response({"error": {"message": "overloaded"}}, status=self.status)
     sp = body["sampling_params"]
-    gen = await self.policy.generate(body["input_ids"], SamplingParams(
+    gen = await self.policy.generate(PromptIds(body["input_ids"]), SamplingParams(
         max_new_tokens=sp["max_new_tokens"], stop_token_ids=tuple(sp["stop_token_ids"])))
     ids, logprobs, finish = list(gen.output_ids), list(gen.output_logprobs), gen.finish_reason
     if not body.get("stream"):
@@ -113,11 +114,11 @@ def test_stream_delivers_the_turn_as_generate_would(template, mode):
   assert server.gate_open_before_last  # Tokens reached on_tokens before the last chunk was sent.
   assert [t for c in calls for t in c] == list(gen.output_ids) == list(plain.output_ids) == expected
   assert gen.output_logprobs == plain.output_logprobs == pytest.approx(
-      [scripted_logprob(len(PROMPT) + i, t) for i, t in enumerate(expected)])
+      [scripted_logprob(len(PROMPT.ids) + i, t) for i, t in enumerate(expected)])
   assert gen.finish_reason == plain.finish_reason == "stop" and gen.policy_version == 7
   streamed, generated = server.seen
   assert streamed.pop("stream") is True and "stream" not in generated
-  assert streamed == generated and generated["input_ids"] == PROMPT
+  assert streamed == generated and generated["input_ids"] == list(PROMPT.ids)
   assert generated["sampling_params"] == {
       "max_new_tokens": 300, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "stop_token_ids": [151645],
       "skip_special_tokens": False, "no_stop_trim": True, "sampling_seed": 11}
@@ -213,13 +214,13 @@ def test_large_cumulative_chunk(n):
   # aiohttp's readline takes (twice its read buffer: 128 KiB in older versions, 512 KiB in 3.14).
   ids = [(i * 7919) % 150000 for i in range(n)]
   logprobs = [scripted_logprob(i, t) for i, t in enumerate(ids)]
-  sent = event(chunk(ids, logprobs, {"type": "length"}, len(ids), len(PROMPT)))
+  sent = event(chunk(ids, logprobs, {"type": "length"}, len(ids), len(PROMPT.ids)))
   assert len(sent) > (2**17 if n == 8000 else 2**19)
 
   async def generate(request):
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    await resp.write(event(chunk(ids[:5], logprobs[:5], None, 5, len(PROMPT))))
+    await resp.write(event(chunk(ids[:5], logprobs[:5], None, 5, len(PROMPT.ids))))
     await resp.write(sent)
     await resp.write(b"data: [DONE]\n\n")
     return resp

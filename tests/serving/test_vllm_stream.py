@@ -8,13 +8,14 @@ import anthropic
 import pytest
 from aiohttp import web
 
-from clawjax.serving.backends.base import BackendError, SamplingParams, create_backend
+from clawjax.generation import SamplingParams
+from clawjax.serving.backends.base import BackendError, PromptIds, create_backend
 from clawjax.serving.backends.scripted import ScriptedBackend, turn_ids
 
 from tests.serving.helpers import WRITE_TURN, log_calls
 from tests.serving.test_backends import EngineServer, vllm_routes
 
-PROMPT = [151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198]
+PROMPT = PromptIds([151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198])
 PARAMS = SamplingParams(max_new_tokens=300, stop_token_ids=(151645,))
 
 
@@ -29,7 +30,7 @@ def vllm_stream_routes(policy, seen, per_chunk=4, tamper=None):
     if not body.get("stream"):
       return await whole(request)
     seen.append(body)
-    gen = await policy.generate(body["prompt"], SamplingParams(
+    gen = await policy.generate(PromptIds(body["prompt"]), SamplingParams(
         max_new_tokens=body["max_tokens"], stop_token_ids=tuple(body["stop_token_ids"])))
     ids, logprobs = list(gen.output_ids), list(gen.output_logprobs)
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -3,16 +3,15 @@
 A backend turns prompt token ids into sampled token ids plus their log-probs; it never sees text. Every
 backend (sglang, vllm, scripted, the in-process JAX engine `embedded`) implements `Backend`:
 
-  async generate(input_ids, SamplingParams) -> Generation
+  async generate(PromptIds, SamplingParams) -> Generation
   async health() -> bool
   async close()
-  optional: async generate_streaming(input_ids, SamplingParams, on_tokens) -> Generation (the shim's
+  optional: async generate_streaming(PromptIds, SamplingParams, on_tokens) -> Generation (the shim's
     --incremental-stream; a `SamplingBackend` has one `sample(..., on_tokens | None)` for both),
     async update_weights_from_disk(model_path) -> int | None, async flush_cache()
 
-Log-prob convention (all backends): `output_logprobs[i]` is log softmax(logits / T) over the full
-vocabulary at the sampling temperature T, evaluated at `output_ids[i]`, before any top-p/top-k
-truncation (the learner recomputes exactly this as log pi_old). At T == 0 (greedy) use T = 1.
+`SamplingParams`, `Generation` (and its log-prob convention) and `TokenSink` are `clawjax.generation`'s,
+shared with the rollout engine.
 
 Failures raise `BackendError` with an HTTP-like status: 503/529 for overloaded or unavailable (the
 harness retries), 500 for anything else. The shim turns it into the API's own error shape.
@@ -32,45 +31,21 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from clawjax.calllog import MAX_TOKEN_ID, ids_json, is_logprob, is_token_id
-
-FINISH_REASONS = ("stop", "length", "abort")
-
-# Receives each run of newly sampled ids, in order (see Backend.generate_streaming).
-TokenSink = Callable[[Sequence[int]], None]
+from clawjax.calllog import MAX_TOKEN_ID, ids_json, is_token_id
+from clawjax.generation import Generation, SamplingParams, TokenSink
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingParams:
-  """What the shim asks of one generation. `stop_token_ids` end the turn (included in the output)."""
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_p: float = 1.0
-  top_k: int = -1  # -1: no top-k truncation.
-  stop_token_ids: tuple[int, ...] = ()
-  seed: int | None = None
+class PromptIds:
+  """The prompt of one generation: its token ids and, when the caller has it already, their JSON array
+  text. The shim's call log encodes every prompt incrementally, so it passes that text and a remote
+  backend sends it instead of re-encoding ~20K ids; anyone else gives the ids alone."""
+  ids: Sequence[int]
+  json_text: bytes | None = None
 
-
-class EncodedIds(list):
-  """Token ids that also carry their JSON array text (`json_text`), when the shim has it already (its
-  call log encodes every prompt incrementally); remote backends send it instead of re-encoding ~20K ids.
-  Everywhere else it is a plain list."""
-
-  def __init__(self, ids: list[int], json_text: bytes):
-    super().__init__(ids)
-    self.json_text = json_text
-
-
-def ids_json_text(input_ids: list[int]) -> bytes:
-  """The JSON array of `input_ids`: the shim's own encoding when it comes with one."""
-  text = getattr(input_ids, "json_text", None)
-  return text if text is not None else ids_json(list(input_ids))
-
-
-def _check_each(values: tuple, field: str, ok: Callable[[Any], bool], problem: str) -> None:
-  if not all(map(ok, values)):
-    i, v = next((i, v) for i, v in enumerate(values) if not ok(v))
-    raise ValueError(f"Generation: {field}[{i}] is {v!r}, {problem}")
+  def json(self) -> bytes:
+    """The JSON array of `ids`: the cached text when there is one."""
+    return self.json_text if self.json_text is not None else ids_json(self.ids)
 
 
 class StreamedTokens:
@@ -96,32 +71,6 @@ class StreamedTokens:
     """The error of a stream that ended before its finishing chunk (retryable: the connection went)."""
     return BackendError(f"{self.where}: stream ended after {len(self.ids)} tokens without finishing",
                         status=503)
-
-
-@dataclasses.dataclass(frozen=True)
-class Generation:
-  """One sampled continuation.
-
-  output_ids: sampled ids, including the stop token when finish_reason == "stop".
-  output_logprobs: one per output id, the convention in the module docstring.
-  finish_reason: "stop" (a stop token), "length" (max_new_tokens), "abort" (engine gave up).
-  policy_version: the weights version that sampled every token of it (None if the engine has none).
-  """
-  output_ids: tuple[int, ...]
-  output_logprobs: tuple[float, ...]
-  finish_reason: str
-  policy_version: int | None = None
-
-  def __post_init__(self):
-    # An engine's bad answer fails here, as a backend failure (an error record and an API error), not
-    # later when the call's record would not validate.
-    if len(self.output_ids) != len(self.output_logprobs):
-      raise ValueError(f"Generation: {len(self.output_ids)} output_ids but "
-                       f"{len(self.output_logprobs)} output_logprobs")
-    _check_each(self.output_ids, "output_ids", is_token_id, f"not a token id in [0, {MAX_TOKEN_ID}]")
-    _check_each(self.output_logprobs, "output_logprobs", is_logprob, "not a finite log-probability")
-    if self.finish_reason not in FINISH_REASONS:
-      raise ValueError(f"Generation: finish_reason {self.finish_reason!r} not in {FINISH_REASONS}")
 
 
 class BackendError(Exception):
@@ -150,17 +99,17 @@ class Backend(abc.ABC):
   """An inference engine. Implementations must be safe for many concurrent `generate` calls."""
 
   @abc.abstractmethod
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-    """Samples a continuation of `input_ids`; raises BackendError on failure."""
+  async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+    """Samples a continuation of `prompt`; raises BackendError on failure."""
 
-  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+  async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
     """`generate`, also calling `on_tokens(new_ids)` as the engine samples them (the shim streams the
     turn's text while it is generated). What `on_tokens` got, joined, must equal the returned
     `output_ids`; the shim checks. A backend that cannot stream inherits this: no calls, and the shim
     sends the whole turn at the end."""
     del on_tokens
-    return await self.generate(input_ids, params)
+    return await self.generate(prompt, params)
 
   async def health(self) -> bool:
     return True
@@ -188,16 +137,16 @@ class SamplingBackend(Backend):
   `generate_streaming` are both `sample`."""
 
   @abc.abstractmethod
-  async def sample(self, input_ids: list[int], params: SamplingParams,
+  async def sample(self, prompt: PromptIds, params: SamplingParams,
                    on_tokens: TokenSink | None) -> Generation:
     """`generate`, calling `on_tokens` (when given) as `generate_streaming` does."""
 
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-    return await self.sample(input_ids, params, None)
+  async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+    return await self.sample(prompt, params, None)
 
-  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+  async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
-    return await self.sample(input_ids, params, on_tokens)
+    return await self.sample(prompt, params, on_tokens)
 
 
 BackendFactory = Callable[..., Backend]

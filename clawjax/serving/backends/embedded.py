@@ -13,9 +13,9 @@ import dataclasses
 from typing import Any
 
 from clawjax.engine.engine import Engine, EngineConfig, EngineError
+from clawjax.generation import Generation, SamplingParams, TokenSink
 from clawjax.models.loading import load_model, load_weights
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingBackend, SamplingParams,
-                                           TokenSink, register_backend)
+from clawjax.serving.backends.base import BackendError, PromptIds, SamplingBackend, register_backend
 
 
 class EmbeddedBackend(SamplingBackend):
@@ -24,10 +24,10 @@ class EmbeddedBackend(SamplingBackend):
     """`model`: the Decoder the engine was built from, the template for weight reloads from disk."""
     self.engine, self._owns_engine, self._model = engine, owns_engine, model
 
-  async def sample(self, input_ids: list[int], params: SamplingParams,
+  async def sample(self, prompt: PromptIds, params: SamplingParams,
                    on_tokens: TokenSink | None) -> Generation:
     try:
-      r = await self.engine.generate(input_ids, params, on_tokens)
+      r = await self.engine.generate(prompt.ids, params, on_tokens)
     except EngineError as e:
       raise BackendError(f"embedded engine: {e}", status=e.status) from e
     if r.finish_reason == "abort":  # cut short by a weight update: retryable, as sglang.py treats it

@@ -1,4 +1,11 @@
-"""Shared HTTP plumbing for backends that are remote engine servers (sglang, vllm)."""
+"""Shared HTTP plumbing for backends that are remote engine servers (sglang, vllm).
+
+Keys, as the engines take them (`--backend-arg api_key=... admin_api_key=...`): `api_key` is sent as
+`Authorization: Bearer` on every request (SGLang's and vLLM's `--api-key`); `admin_api_key` on the
+control requests only (weight update, cache flush: SGLang's `--admin-api-key`, and the admin token of
+`python -m clawjax.engine`). SGLang checks its admin routes against the admin key when it has one, else
+against the api key; so does this client.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +20,17 @@ import orjson
 from clawjax.serving.backends.base import Backend, BackendError
 
 
-_JSON_HEADERS = {"Content-Type": "application/json"}
+_JSON = "application/json"
 
 
 def json_with_ids(key: str, ids_text: bytes, rest: dict[str, Any]) -> bytes:
   """A JSON object whose first field `key` holds an already encoded id array."""
   tail = json.dumps(rest, separators=(",", ":")).encode()
   return b"".join((b'{"', key.encode(), b'":', ids_text, b"," + tail[1:] if len(tail) > 2 else b"}"))
+
+
+def _headers(key: str | None) -> dict[str, str]:
+  return {"Content-Type": _JSON, **({"Authorization": f"Bearer {key}"} if key else {})}
 
 
 def _parse_answer(body: bytes) -> Any:
@@ -79,10 +90,13 @@ class HttpBackend(Backend):
 
   health_path = "/health"
 
-  def __init__(self, url: str | None, timeout_s: float | str = 3600.0, max_connections: int | str = 1024):
+  def __init__(self, url: str | None, timeout_s: float | str = 3600.0, max_connections: int | str = 1024,
+               api_key: str | None = None, admin_api_key: str | None = None):
     if not url:
       raise ValueError(f"{type(self).__name__}: --backend-url is required")
     self.url = url.rstrip("/")
+    self._headers = _headers(api_key)
+    self._admin_headers = _headers(admin_api_key or api_key)
     self.timeout = aiohttp.ClientTimeout(total=float(timeout_s))
     self.max_connections = int(max_connections)
     self._session: aiohttp.ClientSession | None = None
@@ -96,15 +110,15 @@ class HttpBackend(Backend):
           timeout=self.timeout, connector=aiohttp.TCPConnector(limit=self.max_connections))
     return self._session
 
-  async def request(self, method: str, path: str, payload: Any = None, *, body: bytes | None = None
-                    ) -> Any:
+  async def request(self, method: str, path: str, payload: Any = None, *, body: bytes | None = None,
+                    admin: bool = False) -> Any:
     """JSON in (`payload`, or `body` already encoded), JSON out (a 2xx answer that is not JSON comes back
-    as its text); raises BackendError naming the endpoint on any failure."""
+    as its text); raises BackendError naming the endpoint on any failure. `admin`: a control request."""
     where = f"{method} {self.url}{path}"
     data = body if body is not None else None if payload is None else json.dumps(payload)
     try:
       async with self.session().request(method, self.url + path, data=data,
-                                        headers=_JSON_HEADERS) as resp:
+                                        headers=self._admin_headers if admin else self._headers) as resp:
         body = await resp.read()
         if resp.status >= 400:
           raise _status_error(where, resp.status, body)
@@ -126,8 +140,7 @@ class HttpBackend(Backend):
     the response at once."""
     where = f"{method} {self.url}{path}"
     try:
-      async with self.session().request(method, self.url + path, data=body,
-                                        headers=_JSON_HEADERS) as resp:
+      async with self.session().request(method, self.url + path, data=body, headers=self._headers) as resp:
         if resp.status >= 400:
           raise _status_error(where, resp.status, await resp.read())
         async with contextlib.aclosing(sse_data(resp.content)) as events:

@@ -22,8 +22,8 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingBackend, SamplingParams,
-                                           TokenSink, register_backend)
+from clawjax.generation import Generation, SamplingParams, TokenSink
+from clawjax.serving.backends.base import BackendError, PromptIds, SamplingBackend, register_backend
 from clawjax.text.messages import Message, ToolCall
 from clawjax.text.templates import ChatTemplate, load_template
 
@@ -81,7 +81,7 @@ class ScriptedBackend(SamplingBackend):
   """Plays `script` (a list of turns, or a function of the prompt ids returning a turn)."""
 
   def __init__(self, template: ChatTemplate,
-               script: Sequence[ScriptTurn] | Callable[[list[int]], ScriptTurn],
+               script: Sequence[ScriptTurn] | Callable[[Sequence[int]], ScriptTurn],
                failures: dict[int, int] | None = None, latency_s: float = 0.0,
                policy_version: int = 0, token_latency_s: float = 0.0, failure_after_tokens: int = 0):
     if not callable(script) and not script:
@@ -93,13 +93,13 @@ class ScriptedBackend(SamplingBackend):
     self.calls = 0  # generate calls so far, failures included
     self.turns_played = 0
 
-  def _next_turn(self, input_ids: list[int]) -> ScriptTurn:
+  def _next_turn(self, input_ids: Sequence[int]) -> ScriptTurn:
     """The turn to play; a failed call does not use it up (the retry plays it)."""
     if callable(self.script):
       return self.script(input_ids)
     return self.script[min(self.turns_played, len(self.script) - 1)]
 
-  async def sample(self, input_ids: list[int], params: SamplingParams,
+  async def sample(self, prompt: PromptIds, params: SamplingParams,
                    on_tokens: TokenSink | None) -> Generation:
     call, self.calls = self.calls, self.calls + 1
     if self.latency_s:
@@ -109,7 +109,7 @@ class ScriptedBackend(SamplingBackend):
       failure = BackendError(f"scripted failure injected on call {call}", status=self.failures[call])
       if not self.failure_after_tokens:
         raise failure  # Before asking the script: a stateful script function sees only played calls.
-    ids = turn_ids(self.template, self._next_turn(input_ids))
+    ids = turn_ids(self.template, self._next_turn(prompt.ids))
     finish = "stop"
     if len(ids) > params.max_new_tokens:
       ids, finish = ids[:params.max_new_tokens], "length"
@@ -121,7 +121,7 @@ class ScriptedBackend(SamplingBackend):
     if failure:
       raise failure
     self.turns_played += 1
-    logprobs = [scripted_logprob(len(input_ids) + i, t) for i, t in enumerate(ids)]
+    logprobs = [scripted_logprob(len(prompt.ids) + i, t) for i, t in enumerate(ids)]
     return Generation(tuple(ids), tuple(logprobs), finish, self.policy_version)
 
 

@@ -3,7 +3,7 @@
 POST /generate {input_ids, sampling_params, return_logprob: true} -> {output_ids, meta_info:
 {output_token_logprobs: [[logprob, token_id, null], ...], finish_reason: {type: "stop"|"length"|
 "abort", ...}, completion_tokens, weight_version, ...}}; GET /health; POST /update_weights_from_disk
-{model_path}; POST /flush_cache.
+{model_path}; POST /flush_cache (the last two with the admin key: `admin_api_key`, see http.py).
 
 Streaming (`generate_streaming`): the same request plus `stream: true` answers `text/event-stream`, one
 event `data: {chunk}` per scheduler step with new tokens and `data: [DONE]` at the end. A chunk has the
@@ -25,20 +25,20 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from clawjax.serving.backends.base import (FINISH_REASONS, BackendError, Generation, SamplingParams,
-                                           StreamedTokens, TokenSink, engine_generation, ids_json_text,
+from clawjax.generation import FINISH_REASONS, Generation, SamplingParams, TokenSink
+from clawjax.serving.backends.base import (BackendError, PromptIds, StreamedTokens, engine_generation,
                                            register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
 
-def _request_body(input_ids: list[int], params: SamplingParams, **options: Any) -> bytes:
+def _request_body(prompt: PromptIds, params: SamplingParams, **options: Any) -> bytes:
   sampling = {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
               "top_p": params.top_p, "top_k": params.top_k,
               "stop_token_ids": list(params.stop_token_ids), "skip_special_tokens": False,
               "no_stop_trim": True}
   if params.seed is not None:
     sampling["sampling_seed"] = params.seed
-  return json_with_ids("input_ids", ids_json_text(input_ids),
+  return json_with_ids("input_ids", prompt.json(),
                        {"sampling_params": sampling, "return_logprob": True, **options})
 
 
@@ -89,16 +89,16 @@ def _generation(ids: list[Any], logprobs: list[Any], finish: Any, version: int |
 
 class SGLangBackend(HttpBackend):
 
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-    answer = await self.request("POST", "/generate", body=_request_body(input_ids, params))
+  async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+    answer = await self.request("POST", "/generate", body=_request_body(prompt, params))
     meta = _meta_info(answer)
     ids, logprobs = _tokens(answer, meta)
     return _generation(ids, logprobs, meta.get("finish_reason"), _weight_version(meta))
 
-  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+  async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
     got, meta = StreamedTokens("sglang /generate", on_tokens), None
-    body = _request_body(input_ids, params, stream=True)
+    body = _request_body(prompt, params, stream=True)
     async with contextlib.aclosing(self.stream("POST", "/generate", body=body)) as chunks:
       async for chunk in chunks:
         if meta is not None and meta.get("finish_reason") is not None:
@@ -124,14 +124,14 @@ class SGLangBackend(HttpBackend):
     return _generation(got.ids, got.logprobs, meta["finish_reason"], _weight_version(meta))
 
   async def update_weights_from_disk(self, model_path: str) -> int | None:
-    body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path})
+    body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path}, admin=True)
     if isinstance(body, dict) and body.get("success") is False:
       raise BackendError(f"sglang weight update failed: {body.get('message')}")
     version = body.get("weight_version", body.get("policy_version")) if isinstance(body, dict) else None
     return int(version) if isinstance(version, int) else None
 
   async def flush_cache(self) -> None:
-    await self.request("POST", "/flush_cache")
+    await self.request("POST", "/flush_cache", admin=True)
 
 
 @register_backend("sglang")

@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from clawjax.serving.backends.base import (BackendError, Generation, SamplingParams, StreamedTokens,
-                                           TokenSink, engine_generation, ids_json_text,
+from clawjax.generation import Generation, SamplingParams, TokenSink
+from clawjax.serving.backends.base import (BackendError, PromptIds, StreamedTokens, engine_generation,
                                            register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
 
@@ -39,7 +39,7 @@ class VLLMBackend(HttpBackend):
       self.served_model = served
     return self.served_model
 
-  async def _request_body(self, input_ids: list[int], params: SamplingParams, **options: Any) -> bytes:
+  async def _request_body(self, prompt: PromptIds, params: SamplingParams, **options: Any) -> bytes:
     payload = {"model": await self._model(), "max_tokens": params.max_new_tokens,
                "temperature": params.temperature,
                "top_p": params.top_p, "top_k": params.top_k,
@@ -48,17 +48,17 @@ class VLLMBackend(HttpBackend):
                "include_stop_str_in_output": True, **options}
     if params.seed is not None:
       payload["seed"] = params.seed
-    return json_with_ids("prompt", ids_json_text(input_ids), payload)
+    return json_with_ids("prompt", prompt.json(), payload)
 
-  async def generate(self, input_ids: list[int], params: SamplingParams) -> Generation:
-    body = await self._request_body(input_ids, params)
+  async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
+    body = await self._request_body(prompt, params)
     ids, logprobs, finish = _choice(await self.request("POST", "/v1/completions", body=body))
     return _generation(ids, logprobs, finish)
 
-  async def generate_streaming(self, input_ids: list[int], params: SamplingParams,
+  async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
     # The usage chunk's token count catches a chunk lost on the way (nothing else would).
-    body = await self._request_body(input_ids, params, stream=True,
+    body = await self._request_body(prompt, params, stream=True,
                                     stream_options={"include_usage": True})
     got, finish, usage = StreamedTokens("vllm /v1/completions", on_tokens), None, None
     async with contextlib.aclosing(self.stream("POST", "/v1/completions", body=body)) as chunks:
