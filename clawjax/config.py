@@ -268,7 +268,7 @@ def resolve(cls: type[T], values: Mapping[str, Any] | Any, overrides: Sequence[s
 # ---- what a config holds -----------------------------------------------------------------------------
 
 
-_SECRET_FIELDS = ("api_key", "admin_token")
+_SECRET_FIELDS = ("api_key", "admin_api_key", "admin_token")
 
 
 def _redact(tree: Any) -> Any:

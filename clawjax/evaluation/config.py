@@ -44,6 +44,9 @@ class EvalConfig:
   task_timeouts: bool = False
   progress: bool = True  # tqdm progress bar on stderr
   shim_url: str | None = None  # connect to a running shim instead of starting one
+  # With shim_url: the file that shim wrote its admin token to (python -m clawjax.serving prints it);
+  # None: $CLAWJAX_ADMIN_TOKEN.
+  shim_token_file: str | None = None
   # Modules (dotted names or .py paths) imported before the config is checked (harness adapters of
   # your own, ...).
   plugins: tuple[str, ...] = ()

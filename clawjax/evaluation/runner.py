@@ -111,7 +111,8 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   if jobs:
     with contextlib.ExitStack() as stack:
       session = stack.enter_context(PolicySession(config, workdir / report.CALLS_DIR, backend=backend,
-                                                  shim_url=config.shim_url))
+                                                  shim_url=config.shim_url,
+                                                  shim_token_file=config.shim_token_file))
       results = stack.enter_context(ResultsWriter(results_path))
       rollouts = stack.enter_context(CallLogWriter(workdir / report.ROLLOUTS_FILE))
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import pathlib
 import re
 import secrets
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from clawjax import auth
 from clawjax.calllog import CallLogWriter, RolloutRecord
 from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
@@ -77,8 +79,8 @@ class PolicySession:
   engine answers records the version that sampled it."""
 
   def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None, version: int = 0,
-               backend: Backend | None = None, shim_url: str | None = None, seed: int = 0,
-               workdir: str | pathlib.Path | None = None):
+               backend: Backend | None = None, shim_url: str | None = None,
+               shim_token_file: str | None = None, seed: int = 0, workdir: str | pathlib.Path | None = None):
     self.cfg = cfg
     self.engine = None
     self.shim: ShimThread | None = None
@@ -88,12 +90,15 @@ class PolicySession:
     if shim_url:
       self.template = None
       self.backend = None
+      # The running shim's admin token: $CLAWJAX_ADMIN_TOKEN, or the file it wrote its token to.
+      self.admin_token = auth.client_admin_token(shim_token_file)
       return
     self.template = chat_template(cfg.model)
     if backend is None:
       backend = self._make_backend(policy, seed)
     self.backend = backend
     self.shim = ShimThread(dataclasses.replace(cfg.shim, log_dir=str(log_dir)), backend, self.template)
+    self.admin_token = self.shim.admin_token  # held by this process only; never passed to a sandbox
 
   def _make_backend(self, policy, seed: int) -> Backend:
     settings = self.cfg.engine
@@ -110,6 +115,10 @@ class PolicySession:
     options = dict(settings.options)
     if settings.backend == "scripted":
       options["template"] = self.template  # the script is rendered with the shim's own template
+    elif os.environ.get(auth.ADMIN_TOKEN_ENV) and settings.backend in ("sglang", "vllm"):
+      # The engine servers' admin key (their weight update and cache flush) from the cluster's secret,
+      # not from a config file.
+      options.setdefault("admin_api_key", os.environ[auth.ADMIN_TOKEN_ENV])
     return create_backend(settings.backend, url=settings.url, model=self.cfg.model.init, **options)
 
   @property
@@ -139,7 +148,8 @@ class PolicySession:
     def one(job: RolloutJob) -> tuple[RolloutJob, RolloutOutcome]:
       rid = rollout_id(label, job)
       try:
-        return job, run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid)
+        return job, run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
+                                admin_token=self.admin_token)
       except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
         log.exception("rollout %s crashed", rid)
         record = RolloutRecord(rid, job.task.task_id, job.harness, None, "failed",

@@ -124,9 +124,13 @@ def test_broken_tasks_and_crashing_rollouts_do_not_stop_the_run(tmp_path):
 def test_connects_to_a_running_shim(tmp_path):
   template = load_template("qwen3")
   shim_config = ShimConfig(log_dir=str(tmp_path / "shim-logs"))
+  token_file = tmp_path / "admin_token"
   with ShimThread(shim_config, ScriptedBackend(template, _solver(template)), template) as shim:
-    run = run_eval(_config(tmp_path, task_ids=["toy_sum_numbers"], shim_url=shim.url),
-                   tmp_path / "run")
+    without_token = run_eval(_config(tmp_path, task_ids=["toy_sum_numbers"], shim_url=shim.url), tmp_path / "r0")
+    token_file.write_text(shim.admin_token + "\n")
+    run = run_eval(_config(tmp_path, task_ids=["toy_sum_numbers"], shim_url=shim.url,
+                           shim_token_file=str(token_file)), tmp_path / "run")
+  assert "HTTP 401" in without_token.results[0].error  # the control routes need the shim's admin token
   assert [(r.status, r.final_score) for r in run.results] == [("ok", 1.0)]
   assert [p.stem for p in (tmp_path / "shim-logs").iterdir()] == [run.results[0].rollout_id]
 
