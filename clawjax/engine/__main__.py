@@ -16,8 +16,8 @@ from aiohttp import web
 from clawjax import paths
 from clawjax.auth import ADMIN_TOKEN_ENV, server_admin_token
 from clawjax.engine.engine import Engine, EngineConfig
-from clawjax.models.loading import load_model, load_weights
 from clawjax.engine.server import EngineServer
+from clawjax.models.loading import load_model, load_weights
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> None:
   loaded = load_model(args.model, seed=args.init_seed)
   config = EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
   engine = Engine(loaded.model, config)
-  server = EngineServer(engine, loaded.path, lambda path: engine.update_from_model(load_weights(path, loaded.model)),
+  server = EngineServer(engine, loaded.path,
+                        lambda path, version: engine.update_from_model(load_weights(path, loaded.model), version),
                         eos_token_id=loaded.eos_token_id, decode=loaded.decode, admin_token=token)
   try:
     web.run_app(server.app, host=args.host, port=args.port, print=lambda msg: logging.info("%s", msg))

@@ -8,7 +8,7 @@ follow the tokens as they are sampled (`on_token`, called on the engine thread; 
 `on_tokens` runs on the caller's event loop, before the result is delivered).
 
 Policy versions: the initial weights are version `version` (0 by default) and every update adds 1, or sets
-the version its caller names (a trainer names its step; a version never goes back). A request runs entirely on
+the version its caller names (a trainer names its RL step; a version never goes back). A request runs entirely on
 the version it was admitted under. With update_mode "drain" an update waits until the requests in
 flight finish (no new request is admitted meanwhile); with "abort" the requests in flight end at once
 with finish_reason "abort" and the tokens sampled so far, all from the old version.
@@ -151,13 +151,14 @@ class Engine:
 
   def update_params(self, state, version: int | None = None) -> int:
     """Replaces the weights with `state` (an nnx.State of the same model); returns the new version:
-    `version` (which must be above the current one), or the current one + 1.
+    `version` (not below the current one: the same one replaces the weights a version stands for, as a
+    trainer does when it first hands its weights to an engine), or the current one + 1.
 
     Blocks until the update is applied (see the module docstring for requests in flight). The weights are
     copied into the engine's layout here, in the caller's thread; `state` is not modified.
     """
-    if version is not None and version <= self.version:
-      raise EngineError(f"weight version {version} is not above the engine's {self.version}")
+    if version is not None and version < self.version:
+      raise EngineError(f"weight version {version} is below the engine's {self.version}")
     weights = self.runner.weights(state)
     done: concurrent.futures.Future = concurrent.futures.Future()
     with self._cv:

@@ -86,10 +86,11 @@ def _event(obj: Any) -> bytes:
 
 
 class EngineServer:
-  """The aiohttp application; `reload(model_path)` loads new weights into the engine, returning a version.
+  """The aiohttp application; `reload(model_path, version)` loads new weights into the engine as policy
+  `version` (None: the next one), returning the version.
   `admin_token` opens the control routes (a fresh random one when not given)."""
 
-  def __init__(self, engine: Engine, model_path: str, reload: Callable[[str], int],
+  def __init__(self, engine: Engine, model_path: str, reload: Callable[[str, int | None], int],
                eos_token_id: int | None = None, decode: Callable[[list[int]], str] | None = None,
                admin_token: str | None = None):
     self.engine, self.model_path, self.reload = engine, model_path, reload
@@ -200,10 +201,15 @@ class EngineServer:
     path = body.get("model_path")
     if not isinstance(path, str) or not path:
       raise BadRequest("model_path: required, a directory of HF safetensors")
+    # SGLang's field: a string; the trainer sends its step. Only a whole number is a version here.
+    wanted = body.get("weight_version")
+    if wanted is not None and not (isinstance(wanted, str) and wanted.isdecimal()
+                                   or isinstance(wanted, int) and not isinstance(wanted, bool)):
+      raise BadRequest(f"weight_version: {wanted!r} is not a whole number")
     async with self._reload_lock:
       try:
-        version = await asyncio.to_thread(self.reload, path)
-      except (OSError, ValueError, KeyError) as e:
+        version = await asyncio.to_thread(self.reload, path, None if wanted is None else int(wanted))
+      except (OSError, ValueError, KeyError, EngineError) as e:
         return web.json_response({"success": False, "message": f"{path}: {e}",
                                   "weight_version": self.engine.version}, status=400)
       self.model_path = path

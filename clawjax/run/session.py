@@ -173,7 +173,7 @@ class PolicySession:
       out = self._export_root / f"version_{version}"
       hf_io.save(model, out)
       try:
-        got = self.shim.run(self.backend.update_weights_from_disk(str(out)))
+        got = self.shim.run(self.backend.update_weights_from_disk(str(out), version))
         self.shim.run(self.backend.flush_cache())
       except Exception as e:  # pylint: disable=broad-except  (any refusal ends the run, named)
         raise PolicyUpdateError(f"engine {self.cfg.engine.backend} at {self.cfg.engine.url} refused weight "

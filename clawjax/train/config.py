@@ -29,13 +29,15 @@ from clawjax.train.cold_start import SFTConfig, check_demonstrator
 from clawjax.train.step_data import BatchConfig
 from clawjax.tree.filters import FilterConfig
 
-# Engines whose weights the trainer can replace after each update.
-TRAINABLE_BACKENDS = ("embedded", "sglang", "vllm")
+# Engines whose weights the trainer can replace after each update, with a version every answer reports.
+# (vLLM's server has no weight update in its public API: it serves evaluation.)
+TRAINABLE_BACKENDS = ("embedded", "sglang")
 # Fields a resumed run may change without --config.allow_config_change: they decide how long the run
-# goes and how it reports, not what it trains on.
+# goes, how it reports and where its services are (a restarted cluster), not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
-                     "empty_step_retries", "max_skipped_steps")
+                     "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
+                     "rollout.work_root")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +133,7 @@ def check_resume(saved: Mapping[str, Any], cfg: TrainConfig) -> None:
   """A resumed run must train what it started with: a ConfigError listing the differences from the
   run's config.json (beyond RESUMABLE_CHANGES) unless `allow_config_change`."""
   diff = {k: v for k, v in config_lib.differences(saved, config_lib.to_json(cfg)).items()
-          if k.split(".")[0] not in RESUMABLE_CHANGES}
+          if not any(k == f or k.startswith(f + ".") for f in RESUMABLE_CHANGES)}
   if diff and not cfg.allow_config_change:
     listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
     raise ConfigError(f"config differs from the run's config.json ({listed}); resume it unchanged, use "

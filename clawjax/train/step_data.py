@@ -13,7 +13,8 @@ Which rollouts are trained (each exclusion is counted under its reason in `StepD
   reward      a reward that is not finite, or outside `reward_range` with `out_of_range="reject"`:
               `nonfinite_reward` / `reward_out_of_range` (never scored, never in a group);
   stale       a call sampled by a policy more than `max_staleness` versions behind the learner:
-              the whole rollout is dropped (`stale`); within the bound, TIS corrects it;
+              the whole rollout is dropped (`stale`); within the bound, TIS corrects it. Calls whose
+              engine reports no version cannot be judged: counted (`calls_without_version`), warned;
   over_branching, empty: the tree filters dropped every call (`over_branching`, `no_trained_calls`);
   too_long    the kept tree is longer than a packed row (`too_long`);
   uninformative  with `drop_uninformative_groups`, a rollout of a group whose advantages are all 0
@@ -121,6 +122,7 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
       counts[why] += 1
       continue
     scored.append(dataclasses.replace(record, reward=reward))
+    counts["calls_without_version"] += sum(c.status == "ok" and c.policy_version is None for c in calls)
     if _staleness(calls, policy_version) > batch.max_staleness:
       counts["stale"] += 1
       continue
@@ -137,6 +139,9 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
       counts["too_long"] += 1
       continue
     kept_filter[rid] = f
+  if counts["calls_without_version"]:
+    log.warning("%d calls carry no policy version: their engine does not report one, so their staleness "
+                "cannot be measured and batch.max_staleness cannot drop them", counts["calls_without_version"])
   scores = grpo_advantages(scored)
   kept_ids = [rid for rid in scores.rollout_ids if rid in kept_filter]
   if batch.drop_uninformative_groups:

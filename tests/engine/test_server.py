@@ -38,7 +38,8 @@ def http(url: str, body=None, token=None) -> tuple[int, object]:
 
 async def with_server(model, fn):
   engine = Engine(model, SMALL)
-  server = EngineServer(engine, "test-tiny-vocab", lambda path: engine.update_from_model(load_weights(path, model)),
+  server = EngineServer(engine, "test-tiny-vocab",
+                        lambda path, version: engine.update_from_model(load_weights(path, model), version),
                         eos_token_id=EOS, admin_token=TOKEN)
   runner = web.AppRunner(server.app)
   await runner.setup()
@@ -98,6 +99,13 @@ def test_plain_http_round_trip(model, tmp_path):
                                learner_logprobs(other, ids, out1["output_ids"], 0.8), atol=1e-4)
     status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "missing")})
     assert status == 400 and not bad["success"] and bad["weight_version"] == 1
+    # A trainer names the version (SGLang's string field): it is what every answer reports next.
+    status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": "7"})
+    assert status == 200 and up["weight_version"] == 7 and (await call("/get_model_info"))[1]["weight_version"] == 7
+    assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == 7
+    for version in ("6", "seven"):  # a version never goes back; a non-number is refused
+      status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": version})
+      assert status == 400 and (await call("/get_model_info"))[1]["weight_version"] == 7
     status, err = await call("/generate", {"input_ids": ids, "sampling_params": {"temperature": "hot"}})
     assert status == 400 and "sampling_params.temperature" in err["error"]["message"]
     status, err = await call("/generate", {"text": "hello"})

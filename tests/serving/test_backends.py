@@ -73,8 +73,17 @@ def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
     seen.append(request.path)
     return web.json_response({"success": True, "message": ""})
 
-  return {("POST", "/generate"): generate, ("GET", "/health"): ok,
-          ("POST", "/flush_cache"): ok, ("POST", "/update_weights_from_disk"): ok}
+  async def update(request):
+    seen.append(request.path)
+    version.append((await request.json())["weight_version"])
+    return web.json_response({"success": True, "message": ""})
+
+  async def model_info(request):
+    return web.json_response({"model_path": "m", "weight_version": version[-1]})
+
+  version = ["default"]  # SGLang's weight_version before any update
+  return {("POST", "/generate"): generate, ("GET", "/health"): ok, ("GET", "/get_model_info"): model_info,
+          ("POST", "/flush_cache"): ok, ("POST", "/update_weights_from_disk"): update}
 
 
 def vllm_routes(policy: ScriptedBackend, seen: list, max_model_len: int | None = None):
@@ -173,7 +182,7 @@ def test_sglang_admin_calls_and_overload(template):
     try:
       assert await backend.health()
       await backend.flush_cache()
-      await backend.update_weights_from_disk("/some/dir")
+      assert await backend.update_weights_from_disk("/some/dir", 3) == 3  # sent as "3", read back from the info
       return await backend.generate(PromptIds([1, 2, 3]), SamplingParams(max_new_tokens=4))
     finally:
       await backend.close()

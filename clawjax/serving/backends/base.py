@@ -8,7 +8,7 @@ backend (sglang, vllm, scripted, the in-process JAX engine `embedded`) implement
   async close()
   optional: async generate_streaming(PromptIds, SamplingParams, on_tokens) -> Generation (the shim's
     --incremental-stream; a `SamplingBackend` has one `sample(..., on_tokens | None)` for both),
-    async update_weights_from_disk(model_path) -> int | None, async flush_cache()
+    async update_weights_from_disk(model_path, version) -> int | None, async flush_cache()
 
 `SamplingParams`, `Generation` (and its log-prob convention) and `TokenSink` are `clawjax.generation`'s,
 shared with the rollout engine.
@@ -124,8 +124,9 @@ class Backend(abc.ABC):
   async def close(self) -> None:
     pass
 
-  async def update_weights_from_disk(self, model_path: str) -> int | None:
-    """Reloads weights from an HF safetensors dir; returns the new policy version."""
+  async def update_weights_from_disk(self, model_path: str, version: int) -> int | None:
+    """Reloads weights from an HF safetensors dir as policy `version` (the engine then reports it with
+    every generation); returns the version the engine reports now (None: it reports none)."""
     raise BackendError(f"{type(self).__name__} cannot update weights", status=501)
 
   async def flush_cache(self) -> None:

@@ -70,11 +70,14 @@ def _tokens(answer: dict[str, Any], meta: dict[str, Any]) -> tuple[list[Any], li
 
 
 def _weight_version(meta: dict[str, Any]) -> int | None:
+  """The integer policy version of an answer: SGLang's weight_version is a string that clawjax sets to
+  the trainer's step with every weight update ("default" before the first one, which is no version)."""
   version = meta.get("weight_version", meta.get("policy_version"))
-  try:
-    return None if version is None else int(version)
-  except (TypeError, ValueError):
-    return None  # SGLang's weight_version is a free-form string; only integers are versions here.
+  if isinstance(version, bool):
+    return None
+  if isinstance(version, int):
+    return version
+  return int(version) if isinstance(version, str) and version.isdecimal() else None
 
 
 def _generation(ids: list[Any], logprobs: list[Any], finish: Any, version: int | None) -> Generation:
@@ -123,12 +126,14 @@ class SGLangBackend(HttpBackend):
       raise got.unfinished()
     return _generation(got.ids, got.logprobs, meta["finish_reason"], _weight_version(meta))
 
-  async def update_weights_from_disk(self, model_path: str) -> int | None:
-    body = await self.request("POST", "/update_weights_from_disk", {"model_path": model_path}, admin=True)
+  async def update_weights_from_disk(self, model_path: str, version: int) -> int | None:
+    body = await self.request("POST", "/update_weights_from_disk",
+                              {"model_path": model_path, "weight_version": str(version)}, admin=True)
     if isinstance(body, dict) and body.get("success") is False:
       raise BackendError(f"sglang weight update failed: {body.get('message')}")
-    version = body.get("weight_version", body.get("policy_version")) if isinstance(body, dict) else None
-    return int(version) if isinstance(version, int) else None
+    # SGLang's answer to the update carries no version; its model info does.
+    info = await self.request("GET", "/get_model_info")
+    return _weight_version(info) if isinstance(info, dict) else None
 
   async def flush_cache(self) -> None:
     await self.request("POST", "/flush_cache", admin=True)
