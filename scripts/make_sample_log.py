@@ -21,14 +21,14 @@ OUT = pathlib.Path(__file__).resolve().parent.parent / "clawjax" / "data" / "sam
 
 # (rollout suffix, task, harness, reward, agent_rollout arguments)
 ROLLOUTS = [
-    ("linear", "fix-csv", "claude-code", 1.0, dict(n_calls=5)),
-    ("retry-error", "fix-csv", "claude-code", 0.0, dict(n_calls=5, patterns=("retry", "error"))),
-    ("compaction", "fix-csv", "claude-code", 0.75, dict(n_calls=6, patterns=("compaction",))),
+    ("linear", "fix-csv", "claude_code", 1.0, dict(n_calls=5)),
+    ("retry-error", "fix-csv", "claude_code", 0.0, dict(n_calls=5, patterns=("retry", "error"))),
+    ("compaction", "fix-csv", "claude_code", 0.75, dict(n_calls=6, patterns=("compaction",))),
     ("subagent", "fix-csv", "openclaw", 1.0,
      dict(n_calls=5, patterns=("subagent", "auxiliary", "parallel_tools"))),
     ("no-roles", "fix-csv", "openclaw", 0.5,
      dict(n_calls=5, patterns=("subagent", "retry"), label_roles=False)),
-    ("drift", "write-report", "claude-code", 0.25,
+    ("drift", "write-report", "claude_code", 0.25,
      dict(n_calls=6, patterns=("thinking_stripped", "reserialised"))),
     ("context-last", "write-report", "openclaw", 0.5, dict(n_calls=6, patterns=("context_last",))),
     # Compacting after every turn: each of the 66 main calls is its own branch (> max_leaves = 64).

@@ -11,8 +11,8 @@ PINCHBENCH = "PinchBench"
 CLAWGYM_BENCH = "ClawGym-Bench"
 BENCHMARKS = (PINCHBENCH, CLAWGYM_BENCH)  # the paper's column order
 
-# Adapter names (clawjax.harness.adapters) and shim harness names -> the paper's spelling.
-HARNESS_DISPLAY = {"openclaw": "OpenClaw", "claude_code": "Claude Code", "claude-code": "Claude Code"}
+# Harness names (clawjax.harness.adapters, the call log's `harness`) -> the paper's spelling.
+HARNESS_DISPLAY = {"openclaw": "OpenClaw", "claude_code": "Claude Code"}
 
 # (harness, model) -> {benchmark: score}
 TABLE1: dict[tuple[str, str], dict[str, float]] = {

@@ -2,7 +2,8 @@
 
 An adapter produces a `HarnessCommand` (argv, env, the host paths it must read) for one rollout's shim
 URL and key; `clawjax.harness.sandbox` runs it with the workspace as working directory and a
-throwaway HOME, and kills its process group on timeout. Env and flags follow ../shared/HARNESSES.md.
+throwaway HOME, and kills its process group on timeout. Env and flags are each harness's headless mode
+(Claude Code's `-p`, OpenClaw's `agent exec`), pointed at the shim.
 
   claude_code  Anthropic Messages, `claude -p` headless (npm @anthropic-ai/claude-code)
   openclaw     OpenAI Chat Completions, `openclaw agent exec` (npm openclaw on Node 24)
@@ -55,8 +56,9 @@ class HarnessCommand:
 
 
 class Adapter(abc.ABC):
-  name: str     # the adapter key, e.g. "claude_code"
-  harness: str  # the name registered with the shim and written in the call log (selects its profile)
+  # The harness's one name: the adapter key, the name registered with the shim and written in the call
+  # log (it selects the shim's harness profile), e.g. "claude_code".
+  name: str
 
   def install(self) -> None:
     """Installs the harness if needed (idempotent); raises install.NpmUnreachable without npm."""
@@ -102,7 +104,7 @@ def _path_env(*dirs: pathlib.Path) -> str:
 
 
 class ClaudeCode(Adapter):
-  name, harness = "claude_code", "claude-code"
+  name = "claude_code"
 
   def install(self) -> None:
     install.install_claude_code()
@@ -127,7 +129,7 @@ class ClaudeCode(Adapter):
 
 
 class OpenClaw(Adapter):
-  name = harness = "openclaw"
+  name = "openclaw"
 
   def install(self) -> None:
     install.install_openclaw()
@@ -169,7 +171,7 @@ class OpenClaw(Adapter):
 
 
 class Mini(Adapter):
-  name = harness = "mini"
+  name = "mini"
 
   def command(self, base_url, api_key, prompt, home, options):
     argv = [sys.executable, "-P", "-m", "clawjax.harness.mini", "--base-url", base_url,

@@ -168,7 +168,7 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
   status, reward, registered, finished = "failed", None, False, False
   t0 = time.time()
   try:
-    info = client.create(task.task_id, adapter.harness, rollout_id)
+    info = client.create(task.task_id, adapter.name, rollout_id)
     registered = True
     workspace = make_workspace(task, rollout_dir)
     home = rollout_dir / "home"
@@ -215,7 +215,7 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
       except ShimError:
         pass
   extra["wall_s"] = round(time.time() - t0, 3)
-  record = RolloutRecord(rollout_id=rollout_id, task_id=task.task_id, harness=adapter.harness,
+  record = RolloutRecord(rollout_id=rollout_id, task_id=task.task_id, harness=adapter.name,
                          reward=reward, status=status, extra=extra)
   if writer is not None:
     writer.write(record)

@@ -54,7 +54,7 @@ class HarnessProfile:
 
 _COMPACTION = r"(?i)(create a detailed summary of the conversation|summari[sz]e the conversation so far)"
 PROFILES: dict[str, HarnessProfile] = {
-    "claude-code": HarnessProfile("claude-code", rules=(
+    "claude_code": HarnessProfile("claude_code", rules=(
         RoleRule("compaction", "last_user", _COMPACTION),
         # Subagents (Task tool) get "You are an agent for Claude Code"; the main loop
         # "You are Claude Code".

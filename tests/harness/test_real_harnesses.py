@@ -76,7 +76,7 @@ def test_real_harness_tree_has_no_drift_and_drops_the_failed_attempt(harness_run
   assert tree.reasons[2] == "train"
   # The failed attempt is a leaf: no later input continues it (it produced no output).
   assert not calls[FAILED_CALL].output_ids
-  if name == "claude_code":  # Claude Code retries with a byte-identical body (HARNESSES.md)
+  if name == "claude_code":  # Claude Code retries with a byte-identical body
     assert calls[FAILED_CALL].input_ids == calls[2].input_ids
 
 

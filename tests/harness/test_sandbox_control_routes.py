@@ -45,7 +45,7 @@ print(json.dumps({
 
 def test_a_sandbox_cannot_use_the_control_routes_or_another_rollout(make_shim, tmp_path):
   shim = make_shim([FINAL_TURN])
-  own, other = shim.create_rollout("t", "claude-code"), shim.create_rollout("t", "claude-code")
+  own, other = shim.create_rollout("t", "claude_code"), shim.create_rollout("t", "claude_code")
   ws, home = tmp_path / "ws", tmp_path / "home"
   ws.mkdir()
   home.mkdir()

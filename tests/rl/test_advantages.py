@@ -25,7 +25,7 @@ from tests.rl.learner_batches import TINY, make_policy
 records = st.lists(st.builds(
     lambda i, task, harness, reward, status: RolloutRecord(
         f"r{i}", task, harness, reward if status == "ok" else None, status),
-    st.integers(0, 10**9), st.sampled_from(["t1", "t2"]), st.sampled_from(["claude-code", "openclaw"]),
+    st.integers(0, 10**9), st.sampled_from(["t1", "t2"]), st.sampled_from(["claude_code", "openclaw"]),
     st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 1), st.sampled_from(["ok", "ok", "ok", "failed"])),
     max_size=24, unique_by=lambda r: r.rollout_id)
 

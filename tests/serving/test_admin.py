@@ -13,7 +13,7 @@ def test_rollout_lifecycle_over_http(make_shim):
   shim = make_shim([FINAL_TURN])
   token = shim.admin_token
   assert get(shim.url + "/health") == (200, {"status": "ok", "live_rollouts": 0})
-  status, text = post(shim.url + "/rollouts", {"task_id": "t9", "harness": "claude-code",
+  status, text = post(shim.url + "/rollouts", {"task_id": "t9", "harness": "claude_code",
                                                "rollout_id": "my-rollout.1"}, token=token)
   r = json.loads(text)
   assert status == 200 and r["rollout_id"] == "my-rollout.1"
@@ -47,7 +47,7 @@ def test_rollout_lifecycle_over_http(make_shim):
 def test_control_routes_need_the_admin_token(make_shim, tmp_path):
   """Without the token 401, with any other (a rollout's own key, a guess) 403; nothing changes."""
   shim = make_shim([FINAL_TURN])
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   rid, key = r["rollout_id"], r["api_key"]
   for token, status in [(None, 401), (key, 403), ("sk-clawjax-guess", 403), (shim.admin_token + "x", 403)]:
     assert post(shim.url + "/rollouts", {"task_id": "t", "harness": "h"}, token=token)[0] == status

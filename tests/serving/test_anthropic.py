@@ -55,7 +55,7 @@ def tool_loop(c, stream, n_calls=3):
 @pytest.mark.parametrize("stream", [True, False])
 def test_three_call_tool_loop_logs_one_linear_path(make_shim, template, stream):
   shim = make_shim([WRITE_TURN, READ_TURN, FINAL_TURN])
-  rollout = shim.create_rollout("task-1", "claude-code")
+  rollout = shim.create_rollout("task-1", "claude_code")
   replies = tool_loop(client(rollout), stream)
 
   first = replies[0]
@@ -82,7 +82,7 @@ def test_three_call_tool_loop_logs_one_linear_path(make_shim, template, stream):
     assert list(call.output_logprobs) == pytest.approx(
         [scripted_logprob(len(call.input_ids) + i, t) for i, t in enumerate(call.output_ids)])
     assert call.role == "main" and call.status == "ok" and call.finish_reason == "stop"
-    assert call.policy_version == 0 and call.harness == "claude-code" and call.task_id == "task-1"
+    assert call.policy_version == 0 and call.harness == "claude_code" and call.task_id == "task-1"
     assert call.extra["api"] == "anthropic" and call.extra["max_new_tokens"] == 8192
   assert [c.extra["spliced_turns"] for c in calls] == [0, 1, 2]
   assert replies[0].usage.input_tokens == len(calls[0].input_ids)
@@ -94,7 +94,7 @@ def test_raw_stream_events_and_pings(make_shim, template):
   from clawjax.serving.backends.scripted import ScriptedBackend
   backend = ScriptedBackend(template, [WRITE_TURN], latency_s=0.35)
   shim = make_shim(None, backend=backend, keepalive_s=0.1)
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   body = dict(model="m", max_tokens=100, messages=[{"role": "user", "content": "go"}],
               tools=TOOLS[:1], stream=True)
   status, text = post(rollout["base_url"] + "/v1/messages?beta=true", body, rollout["api_key"])
@@ -133,7 +133,7 @@ def test_openclaw_style_rewritten_echo_is_spliced(make_shim, template):
 
 def test_edited_turn_counts_as_drift(make_shim):
   shim = make_shim([WRITE_TURN, FINAL_TURN])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   c = client(rollout)
   messages = [{"role": "user", "content": "Write a.txt"}]
   first = c.messages.create(model="m", max_tokens=500, messages=messages, tools=TOOLS)
@@ -150,7 +150,7 @@ def test_edited_turn_counts_as_drift(make_shim):
 
 def test_count_tokens_matches_template_render(make_shim, template):
   shim = make_shim([FINAL_TURN])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   c = client(rollout)
   got = c.messages.count_tokens(model="m", system="Be brief.", tools=TOOLS[:1],
                                 messages=[{"role": "user", "content": "hello"}])
@@ -162,7 +162,7 @@ def test_count_tokens_matches_template_render(make_shim, template):
 
 def test_max_tokens_caps_and_length_stop_reason(make_shim, template):
   shim = make_shim([WRITE_TURN], max_new_tokens=5)
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   reply = client(rollout).messages.create(model="m", max_tokens=16000, tools=TOOLS,
                                           messages=[{"role": "user", "content": "go"}])
   assert reply.stop_reason == "max_tokens"
@@ -175,7 +175,7 @@ def test_malformed_tool_call_comes_back_as_text_and_is_logged(make_shim):
   from clawjax.serving.backends.scripted import ScriptTurn
   bad = '<tool_call>\n{"name": "write_file", "arguments": {broken\n</tool_call>'
   shim = make_shim([ScriptTurn(text="Trying. " + bad)])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   reply = client(rollout).messages.create(model="m", max_tokens=500, tools=TOOLS,
                                           messages=[{"role": "user", "content": "go"}])
   assert [b.type for b in reply.content] == ["text"] and bad in reply.content[0].text
@@ -189,7 +189,7 @@ def test_changed_tools_mid_rollout_reach_the_prompt(make_shim, template):
   # tool list (an MCP server connecting mid-run) must still be what the model sees.
   from clawjax.serving.anthropic_api import parse_messages
   shim = make_shim([FINAL_TURN, FINAL_TURN, FINAL_TURN])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   body = {"model": "m", "max_tokens": 50, "system": SYSTEM, "tools": TOOLS,
           "messages": [{"role": "user", "content": "hi"}]}
   changed = [dict(TOOLS[0], description="Write a file (v2)."), TOOLS[1]]
@@ -208,7 +208,7 @@ def test_final_event_waits_for_the_record_on_disk(make_shim):
   import time
   import urllib.request
   shim = make_shim([READ_TURN])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   writer = shim.server.registry.get(rollout["rollout_id"]).writer
   append = writer.append
   writer.append = lambda line: (time.sleep(0.5), append(line))
@@ -231,7 +231,7 @@ def test_tool_input_beyond_64_bit_integers_and_unicode_reaches_the_client(make_s
   from clawjax.serving.backends.scripted import ScriptTurn
   args = {"path": "café/ü.txt", "content": "naïve ✓", "seed": 2**70, "ratio": 0.1}
   shim = make_shim([ScriptTurn(text="Writing.", tool_calls=(("write_file", args),))])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   kwargs = dict(model="m", max_tokens=500, tools=TOOLS, messages=[{"role": "user", "content": "go"}])
   if stream:
     with client(rollout).messages.stream(**kwargs) as s:

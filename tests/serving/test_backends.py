@@ -51,7 +51,7 @@ class EngineServer:
 
 
 def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
-  """SGLang's native /generate (STACK.md) with the scripted policy as the model."""
+  """SGLang's native /generate protocol with the scripted policy as the model."""
 
   async def generate(request):
     body = await request.json()
@@ -124,7 +124,7 @@ def test_http_backend_round_trip_through_the_shim(make_shim, template, name):
   with EngineServer(routes) as engine:
     backend = create_backend(name, url=engine.url, model="qwen3")
     shim = make_shim(None, backend=backend, max_new_tokens=300, temperature=0.7)
-    r = shim.create_rollout("t", "claude-code")
+    r = shim.create_rollout("t", "claude_code")
     c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
     assert echo_tool_call_round(c, max_tokens=1000).content[0].text == FINAL_TURN.text
     calls = assert_linear_zero_drift(r["log_path"], 2)
@@ -163,7 +163,7 @@ def test_engine_answer_that_fails_validation_is_a_backend_error(make_shim, templ
 
   with EngineServer({("POST", "/generate"): generate}) as engine:
     shim = make_shim(None, backend=create_backend("sglang", url=engine.url, model="qwen3"))
-    r = shim.create_rollout("t", "claude-code")
+    r = shim.create_rollout("t", "claude_code")
     c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
     kwargs = dict(model="m", max_tokens=100, messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(anthropic.InternalServerError) as e:
@@ -231,7 +231,7 @@ def _req(system, last_user, tools=True):
 
 
 def test_claude_code_profile_roles():
-  p = profile_for("claude-code")
+  p = profile_for("claude_code")
   main_sys = "You are Claude Code, Anthropic's official CLI for Claude."
   assert p.role(_req(main_sys, "fix the bug")) == "main"
   assert p.role(_req(main_sys, "Your task is to create a detailed summary of the conversation so "
@@ -240,7 +240,7 @@ def test_claude_code_profile_roles():
       "subagent"
   assert p.role(_req("Generate a concise title", "hello", tools=False)) == "auxiliary"
   assert profile_for("some-new-harness").role(_req("x", "y", tools=False)) == "main"
-  assert set(PROFILES) == {"claude-code", "openclaw", "mini"}
+  assert set(PROFILES) == {"claude_code", "openclaw", "mini"}
   with pytest.raises(ValueError, match="role"):
     RoleRule("boss", "system", "x")
 

@@ -127,7 +127,7 @@ def test_disk_full_loses_no_acknowledged_call_and_tears_no_line(tiny_log_dir, ma
   acked: dict[str, int] = {}  # rollout id -> calls acknowledged
 
   def rollout():
-    r = shim.create_rollout("t", "claude-code")
+    r = shim.create_rollout("t", "claude_code")
     acked[r["rollout_id"]] = 0
     return (r, anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0),
             openai.OpenAI(base_url=r["openai_base_url"], api_key=r["api_key"], max_retries=0))

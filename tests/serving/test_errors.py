@@ -43,7 +43,7 @@ BAD_ANTHROPIC = [
 @pytest.mark.parametrize("name,body,raw,field", BAD_ANTHROPIC, ids=[b[0] for b in BAD_ANTHROPIC])
 def test_bad_anthropic_input_is_400_and_writes_nothing(make_shim, tmp_path, name, body, raw, field):
   shim = make_shim([FINAL_TURN])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   url = rollout["base_url"] + "/v1/messages"
   status, text = post(url, body, rollout["api_key"], raw=raw)
   assert status == 400, text
@@ -88,7 +88,7 @@ def test_lone_surrogate_escape_is_served_as_replacement_character(make_shim, tem
   # A JavaScript harness that cut a tool output inside an emoji sends a lone "\ud83d" escape; the
   # tokenizer needs UTF-8, so it becomes U+FFFD instead of a 500.
   shim = make_shim([FINAL_TURN])
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   raw = b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "cut \\ud83d here"}]}'
   status, text = post(rollout["base_url"] + "/v1/messages", None, rollout["api_key"], raw=raw)
   assert status == 200, text
@@ -98,7 +98,7 @@ def test_lone_surrogate_escape_is_served_as_replacement_character(make_shim, tem
 
 def test_oversized_body_is_413(make_shim, tmp_path):
   shim = make_shim([FINAL_TURN], max_body_bytes=20_000)
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   url = rollout["base_url"] + "/v1/messages"
   big = _with(GOOD, messages=[{"role": "user", "content": "x" * 30_000}])
   status, text = post(url, big, rollout["api_key"])
@@ -109,8 +109,8 @@ def test_oversized_body_is_413(make_shim, tmp_path):
 
 def test_keys_and_prefixes_never_cross(make_shim, tmp_path):
   shim = make_shim([FINAL_TURN])
-  a = shim.create_rollout("ta", "claude-code")
-  b = shim.create_rollout("tb", "claude-code")
+  a = shim.create_rollout("ta", "claude_code")
+  b = shim.create_rollout("tb", "claude_code")
   for url, key in [(a["base_url"], b["api_key"]), (b["base_url"], a["api_key"]),
                    (a["base_url"], "sk-wrong"), (a["base_url"], None),
                    (a["base_url"].rsplit("/", 1)[0] + "/r-unknown", a["api_key"])]:
@@ -128,7 +128,7 @@ def test_keys_and_prefixes_never_cross(make_shim, tmp_path):
 
 def test_finished_rollout_gets_401_and_summary(make_shim):
   shim = make_shim([FINAL_TURN])
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
   c.messages.create(**GOOD)
   summary = shim.finish_rollout(r["rollout_id"])
@@ -141,7 +141,7 @@ def test_finished_rollout_gets_401_and_summary(make_shim):
 @pytest.mark.parametrize("stream", [False, True])
 def test_prompt_too_long_shapes(make_shim, tmp_path, stream):
   shim = make_shim([FINAL_TURN], max_context=64)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   long_msgs = [{"role": "user", "content": "word " * 200}]
   c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
   with pytest.raises(anthropic.BadRequestError) as e:
@@ -162,7 +162,7 @@ def test_backend_failure_is_api_error_and_error_record(make_shim, template, stat
                                                       anthropic_error, openai_error):
   backend = ScriptedBackend(template, [FINAL_TURN], failures={0: status, 2: status})
   shim = make_shim(None, backend=backend)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=0)
   with pytest.raises(anthropic_error) as e:
     c.messages.create(**GOOD)
@@ -183,7 +183,7 @@ def test_sdk_retry_after_500_leaves_one_path(make_shim, template):
   """Claude Code retries a 500 with the identical body: the error is a dropped leaf, no drift."""
   backend = ScriptedBackend(template, [WRITE_TURN, FINAL_TURN], failures={1: 500})
   shim = make_shim(None, backend=backend)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   c = anthropic.Anthropic(base_url=r["base_url"], api_key=r["api_key"], max_retries=2)
   assert echo_tool_call_round(c, max_tokens=100).content[0].text
   calls = assert_linear_zero_drift(r["log_path"], 2)
@@ -193,7 +193,7 @@ def test_sdk_retry_after_500_leaves_one_path(make_shim, template):
 def test_failure_after_stream_started_is_sse_error(make_shim, template):
   backend = ScriptedBackend(template, [FINAL_TURN], failures={0: 529}, latency_s=0.3)
   shim = make_shim(None, backend=backend, keepalive_s=0.05)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   status, text = post(r["base_url"] + "/v1/messages", _with(GOOD, stream=True), r["api_key"])
   assert status == 200  # Headers went out with the first keep-alive.
   events = [l[7:] for l in text.splitlines() if l.startswith("event: ")]
@@ -206,7 +206,7 @@ def test_failure_after_stream_started_is_sse_error(make_shim, template):
 def test_memoised_history_is_still_validated(make_shim, tmp_path):
   """A message that changed since the previous call is converted (and validated) again."""
   shim = make_shim([FINAL_TURN])
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   url = r["base_url"] + "/v1/messages"
   two = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
          {"role": "user", "content": "c"}]

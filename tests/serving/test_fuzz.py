@@ -130,7 +130,7 @@ def _check_error(api, status, text):
 def test_fuzzed_bodies_get_a_4xx_or_a_correct_200(make_shim, template):
   script = [WRITE_TURN, FINAL_TURN]
   shim = make_shim(script, max_body_bytes=MAX_BODY, max_context=40_000)
-  rollouts = {api: shim.create_rollout("t", "claude-code") for api in ("anthropic", "openai")}
+  rollouts = {api: shim.create_rollout("t", "claude_code") for api in ("anthropic", "openai")}
   seen = {"ok": 0, "4xx": 0}
   rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 

@@ -27,7 +27,7 @@ def _timed(events):
 def test_anthropic_text_arrives_while_sampling_and_equals_the_whole_turn(make_shim, template):
   backend = ScriptedBackend(template, [LONG_TURN], token_latency_s=TOKEN_S)
   shim = make_shim(None, backend=backend, incremental_stream=True)
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   c = anthropic.Anthropic(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
   with c.messages.stream(model="m", max_tokens=1000, tools=TOOLS[:1],
                          messages=[{"role": "user", "content": "go"}]) as s:
@@ -45,7 +45,7 @@ def test_anthropic_text_arrives_while_sampling_and_equals_the_whole_turn(make_sh
   assert text_deltas[0][0] < text_deltas[-1][0] - 20 * TOKEN_S
 
   # The same turn through the non-incremental path: the same message, tool ids aside.
-  plain = make_shim([LONG_TURN]).create_rollout("t", "claude-code")
+  plain = make_shim([LONG_TURN]).create_rollout("t", "claude_code")
   c2 = anthropic.Anthropic(base_url=plain["base_url"], api_key=plain["api_key"], max_retries=0)
   with c2.messages.stream(model="m", max_tokens=1000, tools=TOOLS[:1],
                           messages=[{"role": "user", "content": "go"}]) as s:
@@ -85,7 +85,7 @@ def test_openai_content_arrives_while_sampling(make_shim, template):
 def test_tool_loop_streams_with_zero_drift(make_shim, template):
   backend = ScriptedBackend(template, [WRITE_TURN, READ_TURN, FINAL_TURN], token_latency_s=0.001)
   shim = make_shim(None, backend=backend, incremental_stream=True)
-  rollout = shim.create_rollout("task-1", "claude-code")
+  rollout = shim.create_rollout("task-1", "claude_code")
   c = anthropic.Anthropic(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
   replies = tool_loop(c, stream=True)
   assert replies[0].content[1].text == WRITE_TURN.text
@@ -98,7 +98,7 @@ def test_backend_failure_mid_stream_is_an_error_event_and_an_error_record(make_s
   backend = ScriptedBackend(template, [LONG_TURN], failures={0: 529}, failure_after_tokens=25,
                             token_latency_s=0.005)
   shim = make_shim(None, backend=backend, incremental_stream=True)
-  rollout = shim.create_rollout("t", "claude-code")
+  rollout = shim.create_rollout("t", "claude_code")
   c = anthropic.Anthropic(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
   kwargs = dict(model="m", max_tokens=1000, messages=[{"role": "user", "content": "go"}])
   seen = []

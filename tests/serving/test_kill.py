@@ -69,7 +69,7 @@ def test_kill_9_loses_no_acknowledged_call(tmp_path):
       stderr=subprocess.DEVNULL)
   try:
     _wait_up(url, proc)
-    rollouts = [json.loads(post(url + "/rollouts", {"task_id": "t", "harness": "claude-code"},
+    rollouts = [json.loads(post(url + "/rollouts", {"task_id": "t", "harness": "claude_code"},
                                 token=TOKEN)[1]) for _ in range(ROLLOUTS)]
     acked = {r["rollout_id"]: 0 for r in rollouts}
     killed, errors = threading.Event(), []

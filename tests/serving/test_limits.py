@@ -46,7 +46,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> float:
 
 def test_slow_headers_and_slow_body_time_out(make_shim, tmp_path):
   shim = make_shim([FINAL_TURN], read_timeout_s=1.0)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   path = urllib.parse.urlsplit(r["base_url"]).path + "/v1/messages"
   # Headers that never finish: the connection is closed after the timeout (not held for minutes).
   slow = _connect(shim.url)
@@ -73,7 +73,7 @@ def test_slow_headers_and_slow_body_time_out(make_shim, tmp_path):
 
 def test_open_connections_per_client_are_capped(make_shim):
   shim = make_shim([FINAL_TURN], max_connections_per_client=3)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   held = [_connect(shim.url) for _ in range(3)]
   time.sleep(0.2)
   extra = _connect(shim.url)  # Accepted by the kernel, closed by the shim before it is read.
@@ -89,7 +89,7 @@ def test_open_connections_per_client_are_capped(make_shim):
 def test_oversized_body_is_refused_from_its_content_length(make_shim, tmp_path, api):
   """A 27 MB body declared over a 1 MB limit: 413 at once, before the body is sent or parsed."""
   shim = make_shim([FINAL_TURN], max_body_bytes=1 << 20)
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   path = urllib.parse.urlsplit(r["base_url"]).path + ("/v1/messages" if api == "anthropic"
                                                      else "/v1/chat/completions")
   sock = _connect(shim.url)
@@ -122,7 +122,7 @@ def test_oversized_body_is_refused_from_its_content_length(make_shim, tmp_path, 
 @pytest.mark.parametrize("depth", [129, 2_000, 100_000])
 def test_deep_json_is_400_in_both_dialects(make_shim, tmp_path, depth):
   shim = make_shim([FINAL_TURN])
-  r = shim.create_rollout("t", "claude-code")
+  r = shim.create_rollout("t", "claude_code")
   deep = b"[" * depth + b"]" * depth
   for url, body in [(r["base_url"] + "/v1/messages", GOOD), (r["openai_base_url"] + "/chat/completions",
                                                             GOOD_OAI)]:

@@ -12,7 +12,7 @@ from clawjax.serving.logwriter import RolloutLogWriter
 
 
 def _record(i, input_ids, output_ids, task_id='t "quoted" "input_ids":[]'):
-  return CallRecord(rollout_id="r1", task_id=task_id, harness="claude-code", call_index=i,
+  return CallRecord(rollout_id="r1", task_id=task_id, harness="claude_code", call_index=i,
                     status="ok", input_ids=tuple(input_ids), output_ids=tuple(output_ids),
                     output_logprobs=tuple(-0.25 * (k % 5) - 1e-5 for k in range(len(output_ids))),
                     role="main", finish_reason="stop", model="m", t_start=1.5, t_end=2.5,

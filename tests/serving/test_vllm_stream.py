@@ -97,7 +97,7 @@ def test_shim_streams_text_from_vllm(make_shim, template):
   seen = []
   with EngineServer(vllm_stream_routes(ScriptedBackend(template, [WRITE_TURN]), seen)) as engine:
     shim = make_shim(None, backend=create_backend("vllm", url=engine.url), incremental_stream=True)
-    rollout = shim.create_rollout("t", "claude-code")
+    rollout = shim.create_rollout("t", "claude_code")
     c = anthropic.Anthropic(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
     with c.messages.stream(model="m", max_tokens=100,
                            messages=[{"role": "user", "content": "go"}]) as s:

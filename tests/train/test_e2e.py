@@ -30,7 +30,7 @@ REWARD_SH = 'python3 reward/check.py "$PWD" | python3 -c \'import json,sys; prin
 
 class CrashingHarness(adapters.Adapter):
   """A harness that dies before making any call: its rollouts must be excluded and counted."""
-  name = harness = "crash"
+  name = "crash"
 
   def command(self, base_url, api_key, prompt, home, options):
     return adapters.HarnessCommand([sys.executable, "-c", "raise SystemExit(3)"], {}, [])
@@ -113,7 +113,7 @@ def test_two_steps_resume_and_crash_accounting(tmp_path, monkeypatch):
 class FailingHarness(adapters.Adapter):
   """A harness that cannot even start its model calls, saying why on stderr (as a missing module in a
   sandbox does)."""
-  name = harness = "broken"
+  name = "broken"
 
   def command(self, base_url, api_key, prompt, home, options):
     code = "import sys; sys.stderr.write('ModuleNotFoundError: No module named foo\\n'); raise SystemExit(1)"
