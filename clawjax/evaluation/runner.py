@@ -27,6 +27,7 @@ import re
 import secrets
 from collections.abc import Iterator, Sequence
 
+from clawjax import tasks as task_lib
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
 from clawjax.evaluation.config import EvalConfig
@@ -35,8 +36,7 @@ from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.serving.backends.base import Backend, create_backend
 from clawjax.serving.server import ShimThread
-from clawjax.tasks import task as task_lib
-from clawjax.tasks.task import Task
+from clawjax.tasks import Task
 from clawjax.text.templates import load_template
 
 log = logging.getLogger(__name__)

@@ -38,6 +38,7 @@ import numpy as np
 from flax import nnx
 
 from clawjax import sharding
+from clawjax import tasks as task_lib
 from clawjax.calllog import CallLogWriter, LoadedLog, RolloutRecord, iter_records, load
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.engine.loading import REAL_PRESETS, load_model
@@ -55,8 +56,7 @@ from clawjax.rl.loop_sft import record_demos, run_sft
 from clawjax.rl.value import make_value_model
 from clawjax.serving.backends.base import Backend, create_backend
 from clawjax.serving.server import ShimThread
-from clawjax.tasks import task as task_lib
-from clawjax.tasks.task import Task
+from clawjax.tasks import Task
 from clawjax.text.templates import ChatTemplate, load_template
 from clawjax.tree.pack import pack_trees
 

@@ -30,7 +30,7 @@ from clawjax.rl.loop_metrics import MetricsWriter
 from clawjax.rl.losses import LossTerms, TokenInputs, register_loss
 from clawjax.serving.backends.scripted import ScriptedBackend, ScriptTurn
 from clawjax.serving.server import ShimConfig, ShimThread
-from clawjax.tasks.task import Task
+from clawjax.tasks import Task
 from clawjax.text.templates import RESPONSE_OPEN, ChatTemplate
 from clawjax.tree.build import CallTree
 from clawjax.tree.filters import FilterConfig, filter_rollout
