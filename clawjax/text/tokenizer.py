@@ -88,18 +88,19 @@ class Tokenizer:
     self.added_tokens: dict[str, int] = {t.content: i for i, t in added.items()}
     self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
     self.fast_encoding = fast_encoding
+    verbatim = not any(t.normalized or t.lstrip or t.rstrip or t.single_word for t in added.values())
     if fast_encoding is not None:
       # The fast path reproduces only HF's NFC normaliser; any other (lowercasing, stripping) would
       # silently diverge.
       if not isinstance(hf.normalizer, normalizers.NFC):
         raise ValueError(f"tokenizer {name!r}: a fast encoding needs an NFC normaliser, not {hf.normalizer}")
-      for t in added.values():
-        if t.normalized or t.lstrip or t.rstrip or t.single_word:
-          raise ValueError(f"tokenizer {name!r}: a fast encoding needs added tokens matched verbatim, "
-                           f"not {t}")
-      self._plain_hf = None
-    else:
-      self._plain_hf = _without_added_tokens(hf)
+      if not verbatim:
+        raise ValueError(f"tokenizer {name!r}: a fast encoding needs added tokens matched verbatim, "
+                         f"not {[t for t in added.values() if t.normalized or t.lstrip or t.rstrip]}")
+    self._plain_hf = None if fast_encoding is not None else _without_added_tokens(hf)
+    # Where HF matches added tokens as this class does, text whose content spells none goes to HF
+    # whole: the same ids as piece by piece, for one call instead of one per piece.
+    self._whole_text_to_hf = fast_encoding is None and verbatim and bool(added)
     # HF matches added tokens leftmost-longest; `re` takes the first alternative that matches at the
     # leftmost position, so longest-first alternatives give the same matches. One group: `split` puts
     # the tokens at the odd indices.
@@ -129,10 +130,13 @@ class Tokenizer:
     Plain text is encoded in one piece from one added token to the next, across parts, so the ids are
     those of the whole text whenever the content spells no added token."""
     self.stats.calls += 1
+    self.stats.chars += sum(len(text) for text, _ in markup.parts)
+    if self._whole_text_to_hf and not any(
+        not is_template and self._added_token_re.search(text) for text, is_template in markup.parts):
+      return self.hf.encode(str(markup), add_special_tokens=False).ids
     ids: list[int] = []
     plain: list[str] = []
     for text, is_template in markup.parts:
-      self.stats.chars += len(text)
       if not is_template or self._added_token_re is None:
         plain.append(text)
         continue
