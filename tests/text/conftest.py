@@ -17,8 +17,8 @@ def qwen3(qwen_tok):
 
 @pytest.fixture(scope="session")
 def chatml(qwen_tok):
-  # ChatML only needs <|im_start|>/<|im_end|>, which Qwen's vocabulary has; SmolLM2's own tokenizer is
-  # tested separately where its converted model dir is available.
+  # ChatML only needs <|im_start|>/<|im_end|>, which Qwen's vocabulary has; `smollm2` is the same
+  # template over SmolLM2's own tokenizer.
   return ChatTemplate("chatml", qwen_tok)
 
 
