@@ -75,8 +75,8 @@ class Tokenizer:
   Added tokens are matched verbatim, as chat templates write them (a tokenizer.json's lstrip, rstrip or
   normalized options are not applied). Plain text goes through `fast_encoding` when given: it must
   encode NFC text exactly as `hf`'s model and pre-tokeniser do (a tiktoken `Encoding` over the same
-  ranks and split regex); otherwise through a copy of `hf` without its added tokens, since HF would
-  match them in any text it encodes.
+  ranks and split regex); otherwise through `hf`'s normaliser, pre-tokeniser and model without its
+  added tokens, since HF would match them in any text it encodes.
   """
 
   def __init__(self, hf: tokenizers.Tokenizer, name: str,
@@ -88,19 +88,16 @@ class Tokenizer:
     self.added_tokens: dict[str, int] = {t.content: i for i, t in added.items()}
     self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
     self.fast_encoding = fast_encoding
-    verbatim = not any(t.normalized or t.lstrip or t.rstrip or t.single_word for t in added.values())
     if fast_encoding is not None:
-      # The fast path reproduces only HF's NFC normaliser; any other (lowercasing, stripping) would
-      # silently diverge.
+      # The fast path reproduces only HF's NFC normaliser and added tokens matched verbatim in the raw
+      # text; anything else (other normalisers, stripping or whole-word tokens) would silently diverge.
       if not isinstance(hf.normalizer, normalizers.NFC):
         raise ValueError(f"tokenizer {name!r}: a fast encoding needs an NFC normaliser, not {hf.normalizer}")
-      if not verbatim:
-        raise ValueError(f"tokenizer {name!r}: a fast encoding needs added tokens matched verbatim, "
-                         f"not {[t for t in added.values() if t.normalized or t.lstrip or t.rstrip]}")
+      for t in added.values():
+        if t.normalized or t.lstrip or t.rstrip or t.single_word:
+          raise ValueError(f"tokenizer {name!r}: a fast encoding needs added tokens matched verbatim, "
+                           f"not {t}")
     self._plain_hf = None if fast_encoding is not None else _without_added_tokens(hf)
-    # Where HF matches added tokens as this class does, text whose content spells none goes to HF
-    # whole: the same ids as piece by piece, for one call instead of one per piece.
-    self._whole_text_to_hf = fast_encoding is None and verbatim and bool(added)
     # HF matches added tokens leftmost-longest; `re` takes the first alternative that matches at the
     # leftmost position, so longest-first alternatives give the same matches. One group: `split` puts
     # the tokens at the odd indices.
@@ -130,13 +127,10 @@ class Tokenizer:
     Plain text is encoded in one piece from one added token to the next, across parts, so the ids are
     those of the whole text whenever the content spells no added token."""
     self.stats.calls += 1
-    self.stats.chars += sum(len(text) for text, _ in markup.parts)
-    if self._whole_text_to_hf and not any(
-        not is_template and self._added_token_re.search(text) for text, is_template in markup.parts):
-      return self.hf.encode(str(markup), add_special_tokens=False).ids
     ids: list[int] = []
     plain: list[str] = []
     for text, is_template in markup.parts:
+      self.stats.chars += len(text)
       if not is_template or self._added_token_re is None:
         plain.append(text)
         continue
@@ -188,11 +182,15 @@ class Tokenizer:
 
 
 def _without_added_tokens(hf: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
-  """A copy of `hf` that encodes every text as plain text (the same normaliser, pre-tokeniser and model,
-  no added tokens to match)."""
-  spec = json.loads(hf.to_str())
-  spec["added_tokens"] = []
-  return tokenizers.Tokenizer.from_str(json.dumps(spec))
+  """A tokenizer that encodes every text as plain text: `hf`'s own normaliser, pre-tokeniser and model
+  (shared, not copied: a second copy of the vocabulary in the process slowed `hf`'s own encode), without
+  the added tokens to match."""
+  plain = tokenizers.Tokenizer(hf.model)
+  if hf.normalizer is not None:
+    plain.normalizer = hf.normalizer
+  if hf.pre_tokenizer is not None:
+    plain.pre_tokenizer = hf.pre_tokenizer
+  return plain
 
 
 @dataclasses.dataclass(frozen=True)

@@ -257,7 +257,7 @@ def test_plain_text_is_the_bpe_of_its_literal_characters_smollm2(smollm2):
 def test_markup_places_added_tokens_only_in_template_text(qwen_tok, smollm2, which):
   tok = {"qwen3": qwen_tok, "qwen3-hf": Tokenizer(qwen_tok.hf, "qwen3-hf"), "smollm2": smollm2.tokenizer}[which]
   # Template text alone: added tokens are matched verbatim, as HF itself matches them in any text, and
-  # the text between them is plain text (HF tokenizers take such text whole: the same ids).
+  # the text between them is plain text.
   by_length = sorted(tok.added_tokens, key=len, reverse=True)
   split = re.compile("(" + "|".join(map(re.escape, by_length)) + ")").split
   for text in _spelled_tokens_texts(tok, 200, seed=7):
