@@ -25,6 +25,7 @@ import logging
 import pathlib
 from collections.abc import Sequence
 
+from clawjax import tasks as task_lib
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
 from clawjax.evaluation.config import EvalConfig

@@ -19,7 +19,7 @@ from clawjax.calllog import CallLogWriter
 from clawjax.harness import sandbox
 from clawjax.harness.adapters import ADAPTERS, HarnessOptions
 from clawjax.harness.rollout import RolloutConfig, run_rollouts
-from clawjax.tasks.task import load_tasks, split_loaded
+from clawjax.tasks import load_tasks, split_loaded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,9 +41,9 @@ from clawjax.harness import rundirs, sandbox
 from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
 from clawjax.harness.pool import run_concurrently
+from clawjax.tasks import Task
 from clawjax.tasks.judge import JudgeConfig
 from clawjax.tasks.scoring import ScoringConfig, score
-from clawjax.tasks.task import Task
 from clawjax.tasks.workspace import make_workspace
 
 log = logging.getLogger(__name__)

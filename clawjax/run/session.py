@@ -33,6 +33,7 @@ from clawjax import auth
 from clawjax.calllog import CallLogWriter, RolloutRecord
 from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
+from clawjax.models.vocab import text_source
 from clawjax.run.settings import EngineSettings, ModelSettings
 from clawjax.serving.backends.base import Backend, create_backend
 from clawjax.serving.server import ShimConfig, ShimThread
@@ -65,8 +66,8 @@ def rollout_id(label: str, job: RolloutJob) -> str:
 
 
 def chat_template(model: ModelSettings) -> ChatTemplate:
-  """The tokenizer and chat template the shim renders for `model`."""
-  return load_template(model.template or model.init, model.template_family)
+  """The tokenizer and chat template the shim renders for `model` (a preset names its tokenizer)."""
+  return load_template(text_source(model.template or model.init), model.template_family)
 
 
 class PolicyUpdateError(RuntimeError):

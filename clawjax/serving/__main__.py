@@ -19,6 +19,7 @@ import signal
 from typing import Any
 
 from clawjax.auth import ADMIN_TOKEN_ENV, server_admin_token
+from clawjax.models.vocab import text_source
 from clawjax.serving.backends.base import backend_names, create_backend
 from clawjax.serving.profiles import load_profiles
 from clawjax.serving.server import ShimConfig, ShimServer
@@ -46,8 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--backend-arg", type=_backend_arg, action="append", default=[],
                  help="KEY=VALUE passed to the backend factory, e.g. script=turns.json, "
                       "failures=2:500, served_model=NAME, timeout_s=600")
-  p.add_argument("--model", required=True, help="preset (qwen3, smollm2) or HF model dir: "
-                 "picks the tokenizer and chat template")
+  p.add_argument("--model", required=True, help="tokenizer (qwen3, smollm2), model preset (test-tiny, "
+                 "smollm2-135m, ...) or HF model dir: picks the tokenizer and chat template")
   p.add_argument("--template-family", default=None, choices=("qwen3", "chatml"),
                  help="override the chat family guessed from --model")
   p.add_argument("--model-name", default=defaults.model_name, help="name reported to clients")
@@ -87,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-  template = load_template(args.model, args.template_family)
+  template = load_template(text_source(args.model), args.template_family)
   options = dict(args.backend_arg)
   if args.backend == "scripted":
     options["template"] = template  # The script is rendered with the very template the shim uses.

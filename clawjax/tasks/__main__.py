@@ -19,9 +19,11 @@ import pathlib
 import re
 import sys
 
+from clawjax.tasks.clawgym_jsonl import parse_jsonl_line
 from clawjax.tasks.judge import JudgeConfig
+from clawjax.tasks.loader import load_tasks, split_loaded
+from clawjax.tasks.records import Task, TaskError
 from clawjax.tasks.scoring import ScoringConfig, score
-from clawjax.tasks.task import Task, TaskError, load_tasks, parse_jsonl_line, split_loaded
 from clawjax.tasks.workspace import make_workspace
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from clawjax.tasks.jsonscan import last_json_object
-from clawjax.tasks.task import Rubric, Task
+from clawjax.tasks.records import Rubric, Task
 from clawjax.tasks.workspace import diff_workspace
 
 

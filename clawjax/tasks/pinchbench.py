@@ -16,8 +16,8 @@ import pathlib
 import re
 from typing import Any
 
-from clawjax.tasks.task import (DEFAULT_MOUNT_DIR, Checker, Fail, Rubric, RubricRule, Task,
-                                TaskError, TaskFile, relative_path)
+from clawjax.tasks.fields import Fail, relative_path
+from clawjax.tasks.records import DEFAULT_MOUNT_DIR, Checker, Rubric, RubricRule, Task, TaskError, TaskFile
 
 GRADE_FILE = "grade.py"
 _SECTION_RE = re.compile(r"^##\s+(.+?)\s*$", re.M)

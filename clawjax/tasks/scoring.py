@@ -46,7 +46,7 @@ from typing import Any
 
 from clawjax.tasks.judge import JudgeConfig, judge_workspace
 from clawjax.tasks.jsonscan import last_json_object
-from clawjax.tasks.task import REWARD_DIR, Task, TaskFile
+from clawjax.tasks.records import REWARD_DIR, Task, TaskFile
 from clawjax.tasks.workspace import write_files
 
 _GRADE_RUNNER = pathlib.Path(__file__).with_name("grade_runner.py")

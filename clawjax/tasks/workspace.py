@@ -13,7 +13,7 @@ import pathlib
 import re
 import uuid
 
-from clawjax.tasks.task import Task, TaskFile
+from clawjax.tasks.records import Task, TaskFile
 
 
 def _safe_name(task_id: str) -> str:

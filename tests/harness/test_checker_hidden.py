@@ -21,7 +21,7 @@ import clawjax
 from clawjax.harness import sandbox
 from clawjax.harness.rollout import RolloutConfig, run_rollout
 from clawjax.serving.backends.scripted import ScriptTurn
-from clawjax.tasks.task import load_task_dir
+from clawjax.tasks import load_task_dir
 
 from tests.harness.helpers import decode_input, dumps, load_rollout, start_shim
 

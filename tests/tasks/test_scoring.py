@@ -12,9 +12,8 @@ import time
 import pytest
 
 from clawjax.tasks import (ScoringConfig, bundled_tasks_dir, load_jsonl, load_task_dir, load_tasks,
-                           make_workspace, run_checker, score)
+                           make_workspace, parse_jsonl_task, run_checker, score)
 from clawjax.tasks.scoring import network_isolation, referenced_files
-from clawjax.tasks.task import parse_jsonl_task
 
 from tests.tasks.conftest import FIXTURES, official_reward
 

@@ -6,9 +6,8 @@ import pathlib
 import pytest
 
 from clawjax.tasks import (TaskError, bundled_tasks_dir, load_jsonl, load_task_dir, load_tasks,
-                           split_loaded)
+                           parse_jsonl_task, select_tasks, split_loaded)
 from clawjax.tasks.__main__ import main, resolve_task
-from clawjax.tasks.task import parse_jsonl_task
 
 from tests.tasks.conftest import FIXTURES
 
@@ -154,3 +153,42 @@ def test_bundled_toy_tasks_load():
   assert not errors
   assert len(tasks) >= 4 and all(t.checker and t.checker.kind == "command" for t in tasks)
   assert all(pathlib.Path(t.source).name == t.task_id for t in tasks)
+
+
+def _jsonl_task(task_id: str) -> str:
+  return json.dumps({"task_id": task_id, "prompt": f"Do {task_id}.", "hook_code": "true"}) + "\n"
+
+
+def test_select_tasks_filters_in_load_order(tmp_path):
+  jsonl = tmp_path / "t.jsonl"
+  jsonl.write_text("".join(_jsonl_task(i) for i in ("a", "b", "c", "d")))
+  assert [t.task_id for t in select_tasks(jsonl)] == ["a", "b", "c", "d"]
+  assert [t.task_id for t in select_tasks(jsonl, ("d", "b"))] == ["b", "d"]
+  assert [t.task_id for t in select_tasks(jsonl, max_tasks=2)] == ["a", "b"]
+  assert [t.task_id for t in select_tasks(jsonl, ("c", "b", "d"), max_tasks=2)] == ["b", "c"]
+  with pytest.raises(ValueError, match="max_tasks"):
+    select_tasks(jsonl, max_tasks=-1)
+
+
+def test_select_tasks_rejects_duplicate_ids_naming_them_and_their_sources(tmp_path):
+  (tmp_path / "one.jsonl").write_text(_jsonl_task("a") + _jsonl_task("b"))
+  (tmp_path / "two.jsonl").write_text(_jsonl_task("c") + _jsonl_task("a"))
+  with pytest.raises(ValueError) as e:
+    select_tasks(tmp_path, ("c",))  # even when the repeated id is not among those asked for
+  message = str(e.value)
+  assert "'a'" in message and "'b'" not in message and "'c'" not in message
+  assert "one.jsonl:1" in message and "two.jsonl:2" in message and str(tmp_path) in message
+
+
+def test_select_tasks_names_unknown_and_broken_ids_and_refuses_an_empty_set(tmp_path):
+  jsonl = tmp_path / "t.jsonl"
+  jsonl.write_text(_jsonl_task("a") + '{"task_id": "broken", "hook_code": "true"}\n')
+  with pytest.raises(ValueError) as e:
+    select_tasks(jsonl, ("a", "nope", "broken"))
+  message = str(e.value)
+  assert "'nope'" in message and "'broken' (broken: " in message and "field 'prompt'" in message
+  assert "'a'" not in message.split("not among")[0]
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text('{"task_id": "broken", "hook_code": "true"}\n')
+  with pytest.raises(ValueError, match=r"no loadable task; the first of 1 broken: .*empty.jsonl:1"):
+    select_tasks(empty)

