@@ -16,8 +16,9 @@ The checker runs the way the official ClawGym runner does, but never in the agen
 Reading the checker's output: `reward.sh` prints one float as its last stdout line, which is the code
 score. Otherwise the last JSON object of stdout is the checker's dict: with a numeric "reward" key
 (`main()`-style checkers) that is the code score, else the plain mean of its values (each metric
-weighs equally). A bare number as the last line is also a score. A crash (no score in the output),
-a timeout, a non-finite or non-numeric value scores 0 with the reason in `error`.
+weighs equally). A bare number as the last line is also a score. A score, and each metric that is
+averaged into one, lies in [0, 1] (the checkers' contract). A crash (no score in the output), a
+timeout, a non-finite, non-numeric or out-of-range value scores 0 with the reason in `error`.
 
 Known checker blind spot: metrics such as "announcement under 120 words" score 1 when the file does
 not exist (empty text has 0 words). `ScoringConfig.strict` (off by default, so official scores are
@@ -148,15 +149,22 @@ def _finite(name: str, v: Any) -> float:
   return float(v)
 
 
+def _unit(name: str, v: float) -> float:
+  """A score: in [0, 1], or the checker is broken (a reward of 1e308 would swamp a whole GRPO group)."""
+  if not 0.0 <= v <= 1.0:
+    raise CheckerOutputError(f"{name} is {v}, outside [0, 1]")
+  return v
+
+
 def score_of_dict(d: dict[str, Any]) -> tuple[float, dict[str, float]]:
   """(code score, numeric metrics) of a checker's dict: its "reward" if numeric, else the mean."""
   if isinstance(d.get("reward"), (int, float)) and not isinstance(d.get("reward"), bool):
     # main()-style checkers may add counts or messages beside the reward: keep the numbers.
     metrics = {k: _finite(k, v) for k, v in d.items() if isinstance(v, (int, float))}
-    return metrics["reward"], metrics
+    return _unit("the checker's reward", metrics["reward"]), metrics
   if not d:
     raise CheckerOutputError("the checker printed an empty dict")
-  metrics = {k: _finite(k, v) for k, v in d.items()}
+  metrics = {k: _unit(f"metric {k!r}", _finite(k, v)) for k, v in d.items()}
   return sum(metrics.values()) / len(metrics), metrics
 
 
@@ -176,6 +184,7 @@ def parse_checker_output(stdout: str) -> tuple[float, dict[str, float]]:
   if number is not None:
     if not math.isfinite(number):
       raise CheckerOutputError(f"the checker printed a non-finite score {number}")
+    _unit("the checker's score", number)
     d = last_json_object(stdout)
     return number, ({} if d is None else
                     {k: _finite(k, v) for k, v in d.items() if isinstance(v, (int, float))})

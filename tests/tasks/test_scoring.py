@@ -3,6 +3,7 @@ isolation from the agent's workspace and the network, and the opt-in strict mode
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 from clawjax.tasks import (ScoringConfig, bundled_tasks_dir, load_jsonl, load_task_dir, load_tasks,
                            make_workspace, parse_jsonl_task, run_checker, score)
-from clawjax.tasks.scoring import network_isolation, referenced_files
+from clawjax.tasks.scoring import CheckerOutputError, network_isolation, parse_checker_output, referenced_files
 
 from tests.tasks.conftest import FIXTURES, official_reward
 
@@ -232,3 +233,15 @@ def test_toy_task_scores(tmp_path, name):
   SOLUTIONS[name](ws)
   solved = score(task, ws)
   assert solved.code_score == 1.0 == official_reward(task_dir, ws, tmp_path)
+
+
+@pytest.mark.parametrize("stdout, problem", [
+    ("1e308\n", "the checker's score is 1e+308, outside [0, 1]"),
+    ('{"a": 1e308, "b": 1e308}\n', "metric 'a' is 1e+308, outside [0, 1]"),
+    ('{"reward": 1.5, "passed": 3}\n', "the checker's reward is 1.5, outside [0, 1]"),
+    ("nan\n", "non-finite"),
+])
+def test_scores_outside_the_unit_interval_are_checker_errors(stdout, problem):
+  with pytest.raises(CheckerOutputError, match=re.escape(problem)):
+    parse_checker_output(stdout)
+  assert parse_checker_output('{"reward": 1.0, "passed": 3, "total": 3}\n')[0] == 1.0  # counts beside it
