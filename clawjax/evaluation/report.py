@@ -7,7 +7,10 @@ harness, model label, tasks), `results.jsonl` (results.py), `rollouts.jsonl` (th
 Table layout (the paper's Table 1, widened): one row per (harness, model); per benchmark its score, the
 paper's score next to it (PinchBench and ClawGym-Bench), and the number of tasks that count; then one
 column per (benchmark, category). Runs of the same (harness, model, benchmark) are merged (e.g. a
-benchmark split over machines); the same task in two of them is an error.
+benchmark split over machines); the same task in two of them is an error. Where the runs recorded
+their environment (environment.json, clawjax/environment.py), each row also names the clawjax commit
+it ran (`+dirty` for uncommitted changes) and its environment, A, B, ... by what it ran on (package
+versions, harness and engine locks, Python); `environment_legend` says how they differ.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from clawjax import environment
+from clawjax.config import differences
 from clawjax.evaluation import paper
 from clawjax.evaluation.results import STATUSES, ResultsError, TaskResult, latest, load_results
 from clawjax.evaluation.summary import UNSCORED_CHOICES, BenchmarkScore, summarize
@@ -64,6 +69,7 @@ class Run:
   path: str
   info: RunInfo
   results: list[TaskResult]  # the last record of each (task, sample)
+  environment: dict[str, Any] | None = None  # environment.json, where the run wrote one
 
 
 def read_run_info(workdir: str | os.PathLike[str]) -> RunInfo | None:
@@ -82,7 +88,50 @@ def load_run(workdir: str | os.PathLike[str]) -> Run:
   if info is None:
     raise ResultsError(f"{workdir}: no {RUN_FILE}: not an evaluation run directory")
   results = list(latest(load_results(pathlib.Path(workdir) / RESULTS_FILE)).values())
-  return Run(os.fspath(workdir), info, results)
+  env_file = pathlib.Path(workdir) / environment.FILENAME
+  try:
+    env = json.loads(env_file.read_text(encoding="utf-8")) if env_file.exists() else None
+  except ValueError as e:
+    raise ResultsError(f"{env_file}: invalid JSON ({e})") from None
+  return Run(os.fspath(workdir), info, results, env)
+
+
+def _fingerprint(env: dict[str, Any]) -> dict[str, Any]:
+  """What a score depends on, beyond the code: package versions, harness and engine locks, Python."""
+  return {"python": (env.get("python") or {}).get("version"), "packages": env.get("packages"),
+          "harnesses": {k: (v or {}).get("lock_sha256") for k, v in (env.get("harnesses") or {}).items()},
+          "engines": env.get("engines")}
+
+
+def _commit(env: dict[str, Any]) -> str:
+  ours = env.get("clawjax") or {}
+  commit = (ours.get("commit") or "unknown")[:10]
+  return commit + ("+dirty" if ours.get("dirty") else "")
+
+
+def _environments(runs: Sequence[Run]) -> list[str]:
+  """The distinct fingerprints of the runs, as canonical JSON, in order of first appearance."""
+  out: list[str] = []
+  for run in runs:
+    if run.environment is not None:
+      key = json.dumps(_fingerprint(run.environment), sort_keys=True)
+      if key not in out:
+        out.append(key)
+  return out
+
+
+def _env_label(index: int) -> str:
+  return chr(ord("A") + index) if index < 26 else f"E{index}"
+
+
+def environment_legend(runs: Sequence[Run]) -> str:
+  """One line per environment after the first: what differs from environment A ("" with one or none)."""
+  envs = [json.loads(e) for e in _environments(runs)]
+  lines = []
+  for i, env in enumerate(envs[1:], start=1):
+    diff = [f"{k}: {a!r} -> {b!r}" for k, (a, b) in differences(envs[0], env).items()]
+    lines.append(f"- environment {_env_label(i)} differs from A in {'; '.join(diff)}")
+  return "\n".join(lines) + ("\n" if lines else "")
 
 
 def _merge(runs: Sequence[Run]) -> dict[tuple[str, str], dict[str, tuple[str, list[TaskResult]]]]:
@@ -126,6 +175,9 @@ def assemble(runs: Sequence[Run], paper_rows: bool = True) -> Table:
   for b in benchmarks:
     columns += [b] + ([f"{b} (paper)"] if b in paper.BENCHMARKS else []) + [f"{b} tasks"]
   columns += [f"{b}: {c}" for b in benchmarks for c in categories[b]]
+  envs = _environments(runs)
+  if envs:
+    columns += ["commit", "environment"]
   table_rows = []
   for key in rows:
     ours, theirs = measured.get(key, {}), paper.TABLE1.get(key, {})
@@ -139,6 +191,11 @@ def assemble(runs: Sequence[Run], paper_rows: bool = True) -> Table:
       for c in categories[b]:
         group = ours[b].categories.get(c) if b in ours else None
         row.append(group.score if group else None)
+    if envs:
+      mine = [r.environment for r in runs if r.info.row == key and r.environment is not None]
+      row.append(", ".join(sorted({_commit(e) for e in mine})) or None)
+      labels = {_env_label(envs.index(json.dumps(_fingerprint(e), sort_keys=True))) for e in mine}
+      row.append(", ".join(sorted(labels)) or None)
     table_rows.append(row)
   return Table(columns, table_rows)
 

@@ -83,3 +83,21 @@ def test_bad_lines(tmp_path):
   with ResultsWriter(torn / "results.jsonl") as writer:
     writer.write(load_results(torn / "results.jsonl")[0])
   assert [r.task_id for r in load_results(torn / "results.jsonl")] == ["t1", "t1"]
+
+
+def test_rows_name_their_commit_and_environments_that_differ(tmp_path, capsys):
+  a = write_run(tmp_path / "a", [result_line("b1", "coding", final=1.0)])
+  b = write_run(tmp_path / "b", [result_line("x", "data", final=0.5, harness="mini")], benchmark="toy",
+                harness="mini", model="SmolLM2-135M")
+  env = {"clawjax": {"commit": "0123456789abcdef", "dirty": False}, "python": {"version": "3.11.7"},
+         "packages": {"jax": "0.10.2", "flax": "0.12.8"}, "harnesses": {"openclaw": {"lock_sha256": "aa"}},
+         "engines": {}}
+  (a / "environment.json").write_text(json.dumps(env))
+  env["packages"]["jax"], env["clawjax"]["dirty"] = "0.11.0", True
+  (b / "environment.json").write_text(json.dumps(env))
+  table = assemble([load_run(a), load_run(b)], paper_rows=False)
+  rows = {r[1]: dict(zip(table.columns, r)) for r in table.rows}
+  assert (rows["Qwen3-30A3B"]["commit"], rows["Qwen3-30A3B"]["environment"]) == ("0123456789", "A")
+  assert (rows["SmolLM2-135M"]["commit"], rows["SmolLM2-135M"]["environment"]) == ("0123456789+dirty", "B")
+  tables.main(["--runs", str(a), str(b), "--no-paper-rows"])
+  assert "- environment B differs from A in packages.jax: '0.10.2' -> '0.11.0'" in capsys.readouterr().out
