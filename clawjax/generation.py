@@ -47,11 +47,14 @@ class Generation:
   output_logprobs: one per output id, the convention in the module docstring.
   finish_reason: one of FINISH_REASONS.
   policy_version: the weights version that sampled every token of it (None if the engine has none).
+  cached_tokens: prompt tokens whose keys/values the engine had cached (None if it does not say): how
+    well calls of one rollout land where their prefix is.
   """
   output_ids: tuple[int, ...]
   output_logprobs: tuple[float, ...]
   finish_reason: str
   policy_version: int | None = None
+  cached_tokens: int | None = None
 
   def __post_init__(self):
     # An engine's bad answer fails here, as a backend failure (an error record and an API error), not

@@ -431,7 +431,7 @@ class ShimServer:
   async def _generate(self, call: _Call) -> tuple[Generation, float]:
     """The backend's generation and its seconds (`backend_s`: splits a call's time, engine vs shim)."""
     t = time.time()
-    prompt = PromptIds(call.input_ids, call.encoded.engine_json)
+    prompt = PromptIds(call.input_ids, call.encoded.engine_json, routing_key=call.rollout.rollout_id)
     if call.feed.woken is None:
       gen = await self.backend.generate(prompt, call.params)
     else:
@@ -483,6 +483,8 @@ class ShimServer:
     turn = call.feed.finish(gen)
     call.rollout.builder.record_generation(call.prompt, gen.output_ids, turn)  # Open until end_call.
     extra = dict(call.extra, backend_s=backend_s)
+    if gen.cached_tokens is not None:
+      extra["cached_tokens"] = gen.cached_tokens
     if turn.malformed:
       extra["malformed_tool_calls"] = list(turn.malformed)
     if call.disconnected:

@@ -39,9 +39,13 @@ from clawjax.generation import Generation, SamplingParams, TokenSink
 class PromptIds:
   """The prompt of one generation: its token ids and, when the caller has it already, their JSON array
   text. The shim's call log encodes every prompt incrementally, so it passes that text and a remote
-  backend sends it instead of re-encoding ~20K ids; anyone else gives the ids alone."""
+  backend sends it instead of re-encoding ~20K ids; anyone else gives the ids alone. `routing_key`: the
+  rollout it belongs to, which a remote backend sends as SGLang's router routing key
+  (`x-smg-routing-key`, its `--policy manual`), so that every call of a rollout reaches the replica that
+  holds its prefix."""
   ids: Sequence[int]
   json_text: bytes | None = None
+  routing_key: str | None = None
 
   def json(self) -> bytes:
     """The JSON array of `ids`: the cached text when there is one."""
@@ -86,11 +90,11 @@ class BackendError(Exception):
 
 
 def engine_generation(where: str, ids: Sequence[Any], logprobs: Sequence[Any], finish_reason: str,
-                      policy_version: int | None = None) -> Generation:
+                      policy_version: int | None = None, cached_tokens: int | None = None) -> Generation:
   """The Generation of a remote engine's answer; one that is not valid (unpaired ids and log-probs, a
   bad id or log-prob) is a BackendError naming `where`."""
   try:
-    return Generation(tuple(ids), tuple(logprobs), finish_reason, policy_version)
+    return Generation(tuple(ids), tuple(logprobs), finish_reason, policy_version, cached_tokens)
   except ValueError as e:
     raise BackendError(f"{where}: {e}") from None
 

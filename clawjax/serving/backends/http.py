@@ -29,6 +29,10 @@ def json_with_ids(key: str, ids_text: bytes, rest: dict[str, Any]) -> bytes:
   return b"".join((b'{"', key.encode(), b'":', ids_text, b"," + tail[1:] if len(tail) > 2 else b"}"))
 
 
+# SGLang's router sends requests with the same key to the same worker (its `--policy manual`).
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+
+
 def _headers(key: str | None) -> dict[str, str]:
   return {"Content-Type": _JSON, **({"Authorization": f"Bearer {key}"} if key else {})}
 
@@ -110,15 +114,20 @@ class HttpBackend(Backend):
           timeout=self.timeout, connector=aiohttp.TCPConnector(limit=self.max_connections))
     return self._session
 
+  def _request_headers(self, admin: bool, routing_key: str | None) -> dict[str, str]:
+    headers = self._admin_headers if admin else self._headers
+    return {**headers, ROUTING_KEY_HEADER: routing_key} if routing_key else headers
+
   async def request(self, method: str, path: str, payload: Any = None, *, body: bytes | None = None,
-                    admin: bool = False) -> Any:
+                    admin: bool = False, routing_key: str | None = None) -> Any:
     """JSON in (`payload`, or `body` already encoded), JSON out (a 2xx answer that is not JSON comes back
-    as its text); raises BackendError naming the endpoint on any failure. `admin`: a control request."""
+    as its text); raises BackendError naming the endpoint on any failure. `admin`: a control request;
+    `routing_key`: sent for SGLang's router (PromptIds.routing_key)."""
     where = f"{method} {self.url}{path}"
     data = body if body is not None else None if payload is None else json.dumps(payload)
     try:
       async with self.session().request(method, self.url + path, data=data,
-                                        headers=self._admin_headers if admin else self._headers) as resp:
+                                        headers=self._request_headers(admin, routing_key)) as resp:
         body = await resp.read()
         if resp.status >= 400:
           raise _status_error(where, resp.status, body)
@@ -132,7 +141,8 @@ class HttpBackend(Backend):
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
       raise _transport_error(where, e) from None
 
-  async def stream(self, method: str, path: str, *, body: bytes) -> AsyncIterator[Any]:
+  async def stream(self, method: str, path: str, *, body: bytes,
+                   routing_key: str | None = None) -> AsyncIterator[Any]:
     """`request` for an answer that is a server-sent event stream: yields each event's data as parsed
     JSON, until a `[DONE]` event or the end of the stream (whether the answer was complete is for the
     caller to tell from the events). Raises BackendError as `request` does; a connection dropped
@@ -140,7 +150,8 @@ class HttpBackend(Backend):
     the response at once."""
     where = f"{method} {self.url}{path}"
     try:
-      async with self.session().request(method, self.url + path, data=body, headers=self._headers) as resp:
+      async with self.session().request(method, self.url + path, data=body,
+                                        headers=self._request_headers(False, routing_key)) as resp:
         if resp.status >= 400:
           raise _status_error(where, resp.status, await resp.read())
         async with contextlib.aclosing(sse_data(resp.content)) as events:

@@ -80,29 +80,34 @@ def _weight_version(meta: dict[str, Any]) -> int | None:
   return int(version) if isinstance(version, str) and version.isdecimal() else None
 
 
-def _generation(ids: list[Any], logprobs: list[Any], finish: Any, version: int | None) -> Generation:
+def _generation(ids: list[Any], logprobs: list[Any], meta: dict[str, Any]) -> Generation:
   """The Generation of a finished answer; an abort is a retryable BackendError, a bad answer another."""
+  finish = meta.get("finish_reason")
   kind = finish.get("type") if isinstance(finish, dict) else finish
   if kind not in FINISH_REASONS:
     raise BackendError(f"sglang /generate: unknown finish_reason {finish!r}")
   if kind == "abort":
     raise BackendError(f"sglang aborted the request: {finish}", status=503)
-  return engine_generation("sglang /generate", ids, logprobs, kind, version)
+  cached = meta.get("cached_tokens")
+  return engine_generation("sglang /generate", ids, logprobs, kind, _weight_version(meta),
+                           cached if isinstance(cached, int) and not isinstance(cached, bool) else None)
 
 
 class SGLangBackend(HttpBackend):
 
   async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
-    answer = await self.request("POST", "/generate", body=_request_body(prompt, params))
+    answer = await self.request("POST", "/generate", body=_request_body(prompt, params),
+                                routing_key=prompt.routing_key)
     meta = _meta_info(answer)
     ids, logprobs = _tokens(answer, meta)
-    return _generation(ids, logprobs, meta.get("finish_reason"), _weight_version(meta))
+    return _generation(ids, logprobs, meta)
 
   async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
     got, meta = StreamedTokens("sglang /generate", on_tokens), None
     body = _request_body(prompt, params, stream=True)
-    async with contextlib.aclosing(self.stream("POST", "/generate", body=body)) as chunks:
+    async with contextlib.aclosing(self.stream("POST", "/generate", body=body,
+                                               routing_key=prompt.routing_key)) as chunks:
       async for chunk in chunks:
         if meta is not None and meta.get("finish_reason") is not None:
           raise BackendError("sglang /generate: stream went on after its finishing chunk")
@@ -124,7 +129,7 @@ class SGLangBackend(HttpBackend):
         got.add(ids, logprobs)
     if meta is None or meta.get("finish_reason") is None:
       raise got.unfinished()
-    return _generation(got.ids, got.logprobs, meta["finish_reason"], _weight_version(meta))
+    return _generation(got.ids, got.logprobs, meta)
 
   async def update_weights_from_disk(self, model_path: str, version: int) -> int | None:
     body = await self.request("POST", "/update_weights_from_disk",

@@ -52,7 +52,8 @@ class VLLMBackend(HttpBackend):
 
   async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
     body = await self._request_body(prompt, params)
-    ids, logprobs, finish = _choice(await self.request("POST", "/v1/completions", body=body))
+    ids, logprobs, finish = _choice(await self.request("POST", "/v1/completions", body=body,
+                                                       routing_key=prompt.routing_key))
     return _generation(ids, logprobs, finish)
 
   async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
@@ -61,7 +62,8 @@ class VLLMBackend(HttpBackend):
     body = await self._request_body(prompt, params, stream=True,
                                     stream_options={"include_usage": True})
     got, finish, usage = StreamedTokens("vllm /v1/completions", on_tokens), None, None
-    async with contextlib.aclosing(self.stream("POST", "/v1/completions", body=body)) as chunks:
+    async with contextlib.aclosing(self.stream("POST", "/v1/completions", body=body,
+                                               routing_key=prompt.routing_key)) as chunks:
       async for chunk in chunks:
         if isinstance(chunk, dict) and chunk.get("choices") == []:
           usage = chunk.get("usage")
