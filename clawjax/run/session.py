@@ -86,6 +86,7 @@ class PolicySession:
     self.engine = None
     self.shim: ShimThread | None = None
     self.version = version
+    self._update_targets: list[Backend] = []
     self._export_root = pathlib.Path(cfg.engine.export_dir or pathlib.Path(workdir or log_dir) / "export")
     self._shim_url = shim_url
     if shim_url:
@@ -113,6 +114,13 @@ class PolicySession:
         policy = load_model(model.init, seed=seed, random_init=model.random_init, **model.overrides).model
       self.engine = Engine(policy, engine_config(settings.options), version=self.version)
       return create_backend("embedded", engine=self.engine)
+    backend = self._remote(settings.url)
+    # Weight updates go to each engine server: those behind a router, or the one server.
+    self._update_targets = [self._remote(url) for url in settings.workers] or [backend]
+    return backend
+
+  def _remote(self, url: str | None) -> Backend:
+    settings = self.cfg.engine
     options = dict(settings.options)
     if settings.backend == "scripted":
       options["template"] = self.template  # the script is rendered with the shim's own template
@@ -120,7 +128,7 @@ class PolicySession:
       # The engine servers' admin key (their weight update and cache flush) from the cluster's secret,
       # not from a config file.
       options.setdefault("admin_api_key", os.environ[auth.ADMIN_TOKEN_ENV])
-    return create_backend(settings.backend, url=settings.url, model=self.cfg.model.init, **options)
+    return create_backend(settings.backend, url=url, model=self.cfg.model.init, **options)
 
   @property
   def url(self) -> str:
@@ -135,9 +143,26 @@ class PolicySession:
 
   def __exit__(self, *exc) -> None:
     if self.shim is not None:
+      for target in self._update_targets:
+        if target is not self.backend:  # the shim closes its own backend
+          self.shim.run(target.close())
       self.shim.stop()
     if self.engine is not None:
       self.engine.close()
+
+  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str) -> RolloutOutcome:
+    """Runs one job; it always ends as one rollout record in `writer` (thread-safe: call it from many
+    threads at once)."""
+    rid = rollout_id(label, job)
+    try:
+      return run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
+                         admin_token=self.admin_token)
+    except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
+      log.exception("rollout %s crashed", rid)
+      record = RolloutRecord(rid, job.task.task_id, job.harness, None, "failed",
+                             {"reason": f"{type(e).__name__}: {e}"})
+      writer.write(record)
+      return RolloutOutcome(record, None, [])
 
   def run(self, jobs: Sequence[RolloutJob], writer: CallLogWriter, *, label: str, desc: str = "",
           on_result: Callable[[RolloutJob, RolloutOutcome], None] | None = None,
@@ -145,20 +170,8 @@ class PolicySession:
     """Runs the jobs `concurrency` (default cfg.concurrency) at a time; every job ends as one rollout
     record in `writer`. Outcomes come back in job order; `on_result` sees each as it finishes, in this
     thread."""
-
-    def one(job: RolloutJob) -> tuple[RolloutJob, RolloutOutcome]:
-      rid = rollout_id(label, job)
-      try:
-        return job, run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
-                                admin_token=self.admin_token)
-      except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
-        log.exception("rollout %s crashed", rid)
-        record = RolloutRecord(rid, job.task.task_id, job.harness, None, "failed",
-                               {"reason": f"{type(e).__name__}: {e}"})
-        writer.write(record)
-        return job, RolloutOutcome(record, None, [])
-
-    done = run_concurrently(one, jobs, concurrency or self.cfg.concurrency, desc=desc,
+    done = run_concurrently(lambda job: (job, self.rollout(job, writer, label)), jobs,
+                            concurrency or self.cfg.concurrency, desc=desc,
                             on_result=(lambda r: on_result(*r)) if on_result else None,
                             progress=self.cfg.progress, score=lambda r: r[1].record.reward,
                             status=lambda r: r[1].record.status)
@@ -169,23 +182,26 @@ class PolicySession:
     engine and the version, when the engine refuses them or reports another version."""
     if self.engine is not None:
       got = self.engine.update_from_model(model, version)
+      if got != version:
+        raise PolicyUpdateError(f"embedded engine reports weight version {got} after the push of version {version}")
     else:
       from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel  (JAX)
       out = self._export_root / f"version_{version}"
       hf_io.save(model, out)
-      try:
-        got = self.shim.run(self.backend.update_weights_from_disk(str(out), version))
-        self.shim.run(self.backend.flush_cache())
-      except Exception as e:  # pylint: disable=broad-except  (any refusal ends the run, named)
-        raise PolicyUpdateError(f"engine {self.cfg.engine.backend} at {self.cfg.engine.url} refused weight "
-                                f"version {version} ({out}): {type(e).__name__}: {e}") from e
-      if got is None:
-        log.warning("engine %s at %s reports no weight version: calls cannot be checked for staleness, and "
-                    "this push of version %d cannot be confirmed", self.cfg.engine.backend, self.cfg.engine.url,
-                    version)
-        got = version
-    if got != version:
-      raise PolicyUpdateError(f"engine {self.cfg.engine.backend} at {self.cfg.engine.url} reports weight version "
-                              f"{got} after the push of version {version}")
+      for target in self._update_targets:  # every replica holds the new weights before any rollout
+        self._update(target, str(out), version)
     self.version = version
     return version
+
+  def _update(self, target: Backend, path: str, version: int) -> None:
+    where = f"engine {self.cfg.engine.backend} at {getattr(target, 'url', self.cfg.engine.url)}"
+    try:
+      got = self.shim.run(target.update_weights_from_disk(path, version))
+      self.shim.run(target.flush_cache())
+    except Exception as e:  # pylint: disable=broad-except  (any refusal ends the run, named)
+      raise PolicyUpdateError(f"{where} refused weight version {version} ({path}): {type(e).__name__}: {e}") from e
+    if got is None:
+      log.warning("%s reports no weight version: calls cannot be checked for staleness, and this push of "
+                  "version %d cannot be confirmed", where, version)
+    elif got != version:
+      raise PolicyUpdateError(f"{where} reports weight version {got} after the push of version {version}")

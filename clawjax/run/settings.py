@@ -28,7 +28,13 @@ class EngineSettings:
   # A clawjax.serving backend: "embedded" (the in-process JAX engine; training updates it in place),
   # "sglang", "vllm" (a running server at `url`), or "scripted" (a test policy; evaluation only).
   backend: str = "embedded"
-  url: str | None = None     # sglang / vllm server root
+  # sglang / vllm: the server root, or the root of SGLang's router in front of several servers
+  # (`python -m sglang_router.launch_router --policy manual --worker-urls ...`; the shim's routing key
+  # keeps each rollout on one server).
+  url: str | None = None
+  # The engine servers behind a router at `url`: each gets every weight update and must then report its
+  # version. () = `url` is the one server.
+  workers: tuple[str, ...] = ()
   # embedded: clawjax.engine.engine.EngineConfig fields; others: the backend factory's keyword arguments.
   options: dict[str, Any] = dataclasses.field(default_factory=dict)
   # Training with sglang / vllm: where new weights are exported (safetensors) for the engine to load;
@@ -38,3 +44,5 @@ class EngineSettings:
   def __post_init__(self):
     if self.backend not in backend_names():
       raise ConfigError(f"config.engine.backend: {self.backend!r} is not one of {backend_names()}")
+    if self.workers and not self.url:
+      raise ConfigError("config.engine.workers: needs engine.url, the router in front of them")

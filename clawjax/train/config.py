@@ -64,6 +64,10 @@ class TrainConfig:
   plugins: tuple[str, ...] = ()
   # Resume even though the config differs from the one the run started with (config.json).
   allow_config_change: bool = False
+  # Asynchronous RL: rollouts of later steps (up to batch.max_staleness steps ahead) run while the
+  # learner updates; a step trains on the first groups to complete and drops groups sampled more than
+  # batch.max_staleness versions ago. Off: the paper's synchronous recipe (the reference).
+  async_rl: bool = False
   # A step whose rollouts give nothing to train (every rollout failed, timed out or was excluded) is run
   # again this many times, then the run stops with the failures' reasons.
   empty_step_retries: int = 2

@@ -79,6 +79,7 @@ class StepData:
   rewards: dict[str, float]        # per rollout id (all scored rollouts, trained or not)
   groups: dict[str, tuple[str, str]]  # rollout id -> (task_id, harness)
   tree_stats: dict[str, float]     # unique/path/loss tokens, dedup ratio, leaves, drift
+  staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # versions behind -> trained calls
 
 
 def _staleness(calls: Sequence[CallRecord], version: int) -> int:
@@ -171,7 +172,9 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   }
   groups = {rid: (r.task_id, r.harness) for rid, r in loaded.rollouts.items()}
   rewards = {r.rollout_id: r.reward for r in scored}
-  return StepData(batches, scores, dict(counts), rewards, groups, tree_stats)
+  staleness = collections.Counter(policy_version - c.policy_version for rid in kept_ids
+                                  for c in loaded.calls.get(rid, []) if c.status == "ok" and c.policy_version is not None)
+  return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())))
 
 
 def failure_reasons(loaded: LoadedLog, limit: int = 5) -> list[str]:

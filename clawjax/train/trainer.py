@@ -28,6 +28,7 @@ import logging
 import math
 import pathlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -47,6 +48,7 @@ from clawjax.run.start import start_run
 from clawjax.tasks import Task, select_tasks
 from clawjax.train.cold_start import record_demos, run_sft
 from clawjax.train.config import TrainConfig, check_resume
+from clawjax.train.groups import CompletedGroup, Group, GroupRunner, groups_per_step, step_groups
 from clawjax.train.metrics import MetricsWriter, read_metrics
 from clawjax.train.step_data import StepData, build_step, failure_reasons, reward_metrics
 
@@ -56,17 +58,21 @@ CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
 
 
+def _groups(cfg: TrainConfig, tasks: list[Task], step: int) -> list[Group]:
+  return step_groups(cfg.seed, cfg.tasks_per_step, cfg.harnesses, tasks, step)
+
+
 def step_jobs(cfg: TrainConfig, tasks: list[Task], step: int) -> list[RolloutJob]:
   """The step's rollouts: a function of (seed, step) only, so resuming replays it."""
-  rng = np.random.default_rng([cfg.seed, step])
-  order = rng.permutation(len(tasks))[:min(cfg.tasks_per_step, len(tasks))]
-  return [RolloutJob(tasks[i], h, k) for i in order for h in cfg.harnesses for k in range(cfg.rollouts_per_task)]
+  return [job for g in _groups(cfg, tasks, step) for job in g.jobs(cfg.rollouts_per_task)]
 
 
-def load_step_log(workdir: pathlib.Path, rollouts_file: pathlib.Path) -> LoadedLog:
-  records = [r for r in iter_records(rollouts_file) if isinstance(r, RolloutRecord)]
-  files = [rollouts_file] + [p for r in records if (p := workdir / "calls" / f"{r.rollout_id}.jsonl").exists()]
-  return load(files, errors="collect")
+def load_step_log(workdir: pathlib.Path, rollout_files: pathlib.Path | Sequence[pathlib.Path]) -> LoadedLog:
+  """The rollout records of `rollout_files` and the shim's call logs of those rollouts."""
+  rollout_files = [rollout_files] if isinstance(rollout_files, pathlib.Path) else list(rollout_files)
+  records = [r for f in rollout_files for r in iter_records(f) if isinstance(r, RolloutRecord)]
+  calls = [p for r in records if (p := workdir / "calls" / f"{r.rollout_id}.jsonl").exists()]
+  return load(rollout_files + calls, errors="collect")
 
 
 def _replayable(path: pathlib.Path, n_jobs: int) -> bool:
@@ -198,57 +204,21 @@ class Trainer:
     if resume is None and cfg.sft.steps:
       policy = self._cold_start(policy)
     learner = self._learner(policy)
-    start, value_pretrained = 0, cfg.value_pretrain_steps == 0
+    cursor: dict[str, Any] = {"step": 0, "value_pretrained": cfg.value_pretrain_steps == 0}
     if resume is not None:
       learner.state, cursor = self.ckpt.restore(learner.state)
-      start, value_pretrained = int(cursor["step"]), bool(cursor.get("value_pretrained", True))
-      log.info("resuming after RL step %d (checkpoint %d)", start, resume)
+      log.info("resuming after RL step %d (checkpoint %d)", cursor["step"], resume)
+    start = int(cursor["step"])
     self.metrics.truncate("rl", start + 1)
     self.metrics.truncate("eval", start + 1)
-    skipped_steps = 0
     with PolicySession(cfg, self.workdir / "calls", policy=learner.policy_copy(), version=start, seed=cfg.seed,
                        workdir=self.workdir) as session:
       if session.engine is None and (resume is not None or cfg.sft.steps):
         # A remote engine serves model.init (or what it last loaded): give it the learner's weights, so
         # that the first step samples from pi_old and not from another policy.
         session.push(learner.policy_copy(), start)
-      for step in range(start + 1, cfg.steps + 1):
-        t0 = time.time()
-        jobs, data, replayed = self._step_data(session, step)
-        rollout_s = time.time() - t0
-        t1 = time.time()
-        m = self._update(learner, data, pretrain_value=not value_pretrained)
-        value_pretrained = True
-        learner_s = time.time() - t1
-        skipped_steps = skipped_steps + 1 if m["skipped_updates"] else 0
-        if skipped_steps >= cfg.max_skipped_steps:
-          raise RuntimeError(
-              f"step {step}: {skipped_steps} steps in a row had an update with a non-finite loss or gradient "
-              f"(skipped; the parameters were kept). Inspect this step's data: "
-              f"{self.workdir / 'steps' / f'step_{step}' / 'rollouts.jsonl'} and its calls in "
-              f"{self.workdir / 'calls'}")
-        t2 = time.time()
-        try:
-          session.push(learner.policy_copy(), step)
-        except PolicyUpdateError:
-          self.ckpt.save(learner.state, cursor={"step": step, "value_pretrained": True})  # keep what was trained
-          raise
-        push_s = time.time() - t2
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-          self.ckpt.save(learner.state, cursor={"step": step, "value_pretrained": True})
-        n_ok = len(data.rewards)
-        m.update(reward_metrics(data))
-        m.update(data.tree_stats)
-        m.update({f"count/{k}": float(v) for k, v in data.counts.items()})
-        m.update({"rollouts": float(len(jobs)), "rollouts_ok": float(n_ok),
-                  "over_branching_rate": data.counts.get("over_branching", 0) / max(n_ok, 1),
-                  "rollout_s": rollout_s, "learner_s": learner_s, "push_s": push_s,
-                  "policy_version": float(session.version), "replayed": float(replayed)})
-        self.metrics.write("rl", step, m)
-        log.info("step %d/%d: reward %.3f (%d/%d ok), rollouts %.0f s, learner %.1f s", step, cfg.steps,
-                 m.get("reward/mean", float("nan")), n_ok, len(jobs), rollout_s, learner_s)
-        if cfg.eval_every and step % cfg.eval_every == 0:
-          self._evaluate(session, step)
+      steps = _StepTrainer(self, session, learner, cursor)
+      (self._async_loop if cfg.async_rl else self._sync_loop)(steps, start)
     self.metrics.close()
     summary = summarize(self.workdir)
     summary["wall_s"] = round(time.time() - t_run, 1)
@@ -258,6 +228,129 @@ class Trainer:
       from clawjax.train.plots import plot_run  # pylint: disable=import-outside-toplevel  (matplotlib)
       plot_run(self.workdir)
     return summary
+
+  def _sync_loop(self, steps: "_StepTrainer", start: int) -> None:
+    """The paper's recipe: a step's rollouts all run on the weights of the previous update."""
+    for step in range(start + 1, self.cfg.steps + 1):
+      t0 = time.time()
+      jobs, data, replayed = self._step_data(steps.session, step)
+      steps.train(step, data, {"rollouts": float(len(jobs)), "rollout_s": time.time() - t0,
+                               "replayed": float(replayed)},
+                  data_path=self.workdir / "steps" / f"step_{step}" / "rollouts.jsonl")
+
+  def _async_loop(self, steps: "_StepTrainer", start: int) -> None:
+    """Rollouts run while the learner updates: up to `batch.max_staleness` steps' groups are in flight
+    ahead of the one being trained; a step trains on the first groups to complete (so a straggler moves
+    to a later step), and a group whose calls are more than `batch.max_staleness` versions old is
+    dropped, never trained. The checkpoint's cursor lists the groups launched and not trained; a resumed
+    run runs them again."""
+    cfg = self.cfg
+    per_step = groups_per_step(cfg.tasks_per_step, len(self.tasks), len(cfg.harnesses))
+    runner = GroupRunner(steps.session, cfg.rollouts_per_task, cfg.concurrency, self.workdir / "groups")
+    by_index = lambda i: _groups(cfg, self.tasks, i // per_step + 1)[i % per_step]
+    pending = [by_index(i) for i in steps.cursor.get("pending", [])]
+    next_step = int(steps.cursor.get("next_step", start + 1))
+    try:
+      for group in pending:
+        runner.launch(group)
+      empty = 0
+      for step in range(start + 1, cfg.steps + 1):
+        while len(pending) < (cfg.batch.max_staleness + 1) * per_step:  # keep the pipeline full
+          for group in _groups(cfg, self.tasks, next_step):
+            runner.launch(group)
+            pending.append(group)
+          next_step += 1
+        t0 = time.time()
+        taken = runner.take(per_step)
+        wait_s = time.time() - t0
+        trained = {c.group.index for c in taken}
+        pending = [g for g in pending if g.index not in trained]
+        fresh, dropped = self._fresh_groups(taken, steps.session.version)
+        loaded = load_step_log(self.workdir, [c.path for c in fresh])
+        data = build_step(loaded, policy_version=steps.session.version, filters=cfg.filters, batch=cfg.batch)
+        newest = max(trained)
+        extra = {"rollouts": float(per_step * cfg.rollouts_per_task), "rollout_s": wait_s,
+                 "groups/taken": float(len(taken)), "groups/dropped_stale": float(len(dropped)),
+                 "groups/in_flight": float(len(runner.in_flight)),
+                 # Older groups still running while younger ones train: stragglers that moved on.
+                 "groups/deferred": float(sum(g.index < newest for g in runner.in_flight)),
+                 "group_wall_s": float(np.median([c.wall_s for c in taken]))}
+        if not data.tree_stats["trained_rollouts"]:
+          empty += 1
+          reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
+          log.warning("step %d: nothing to train in %d groups: %s", step, len(taken), " | ".join(reasons))
+          if empty > cfg.empty_step_retries:
+            raise RuntimeError(f"step {step}: nothing to train in {empty} batches of groups in a row (see "
+                               f"{self.workdir / 'groups'}); why: {' | '.join(reasons)}")
+          continue
+        empty = 0
+        record = self.workdir / "steps" / f"step_{step}" / "groups.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"trained": [c.group.key for c in fresh],
+                                      "dropped_stale": [c.group.key for c in dropped]}) + "\n")
+        steps.cursor.update(pending=[g.index for g in pending], next_step=next_step)
+        steps.train(step, data, extra, data_path=self.workdir / "groups")
+    finally:
+      runner.close()
+
+  def _fresh_groups(self, taken: list[CompletedGroup], version: int
+                    ) -> tuple[list[CompletedGroup], list[CompletedGroup]]:
+    """(groups within the staleness bound, groups too old to train): a group is as old as its oldest call."""
+    fresh, stale = [], []
+    for c in taken:
+      loaded = load_step_log(self.workdir, [c.path])
+      versions = [call.policy_version for calls in loaded.calls.values() for call in calls
+                  if call.status == "ok" and call.policy_version is not None]
+      (stale if versions and version - min(versions) > self.cfg.batch.max_staleness else fresh).append(c)
+    for c in stale:
+      log.info("group %s (%s, %s) dropped: sampled more than %d versions ago", c.group.key, c.group.task.task_id,
+               c.group.harness, self.cfg.batch.max_staleness)
+    return fresh, stale
+
+
+class _StepTrainer:
+  """What every RL step does with its data, synchronous or not: the update, the guards, the checkpoint
+  with the data cursor, the weight push, the metrics and the periodic evaluation."""
+
+  def __init__(self, trainer: Trainer, session: PolicySession, learner: Learner, cursor: dict[str, Any]):
+    self.trainer, self.session, self.learner, self.cursor = trainer, session, learner, cursor
+    self.skipped_steps = 0
+
+  def train(self, step: int, data: StepData, extra: dict[str, float], data_path: pathlib.Path) -> None:
+    trainer, cfg, learner = self.trainer, self.trainer.cfg, self.learner
+    t1 = time.time()
+    m = trainer._update(learner, data, pretrain_value=not self.cursor["value_pretrained"])
+    self.cursor["value_pretrained"] = True
+    learner_s = time.time() - t1
+    self.skipped_steps = self.skipped_steps + 1 if m["skipped_updates"] else 0
+    if self.skipped_steps >= cfg.max_skipped_steps:
+      raise RuntimeError(
+          f"step {step}: {self.skipped_steps} steps in a row had an update with a non-finite loss or gradient "
+          f"(skipped; the parameters were kept). Inspect this step's data: {data_path} and its calls in "
+          f"{trainer.workdir / 'calls'}")
+    self.cursor["step"] = step
+    t2 = time.time()
+    try:
+      self.session.push(learner.policy_copy(), step)
+    except PolicyUpdateError:
+      trainer.ckpt.save(learner.state, cursor=self.cursor)  # keep what was trained
+      raise
+    push_s = time.time() - t2
+    if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+      trainer.ckpt.save(learner.state, cursor=self.cursor)
+    n_ok = len(data.rewards)
+    m.update(reward_metrics(data))
+    m.update(data.tree_stats)
+    m.update({f"count/{k}": float(v) for k, v in data.counts.items()})
+    m.update({f"staleness/{k}": float(v) for k, v in data.staleness.items()})
+    m.update(extra)
+    m.update({"rollouts_ok": float(n_ok), "over_branching_rate": data.counts.get("over_branching", 0) / max(n_ok, 1),
+              "learner_s": learner_s, "push_s": push_s, "policy_version": float(self.session.version)})
+    trainer.metrics.write("rl", step, m)
+    log.info("step %d/%d: reward %.3f (%d/%d ok), rollouts %.0f s, learner %.1f s", step, cfg.steps,
+             m.get("reward/mean", float("nan")), n_ok, int(m["rollouts"]), m["rollout_s"], learner_s)
+    if cfg.eval_every and step % cfg.eval_every == 0:
+      trainer._evaluate(self.session, step)
 
 
 def summarize(workdir: str | pathlib.Path, window: int = 5) -> dict[str, Any]:

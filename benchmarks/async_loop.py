@@ -1,0 +1,195 @@
+r"""Synchronous against asynchronous RL, side by side in one run, as on a cluster: the policy is served by
+a separate engine server process and the trainer (with its learner) runs in another, each pinned to its
+own core(s).
+
+  python benchmarks/async_loop.py --json [--steps 20] [--straggler-steps 5] [--workdir DIR]
+
+The loop is the quickstart's (configs/quickstart.py: its toy policy, the mini harness, its four tasks,
+its cold start), with the engine in `python -m clawjax.engine` (started from the quickstart's initial
+weights, exported; the trainer pushes every update to it over its weight-update endpoint) instead of in
+the trainer's process. Four runs: sync and async for `--steps` steps (reward gain), then sync and async
+for `--straggler-steps` steps with one straggling rollout per step (its harness starts late by
+`--straggler-factor` times the median rollout time of the first sync run).
+
+Prints one JSON object: {"sync": {"step_s", "rollout_s", "learner_s", "reward_gain"}, "async": {...,
+"staleness_hist", "tis_truncated"}, "straggler": {"sync_growth", "async_growth"}} — seconds are medians
+per step over steps 2.. (step 1 compiles); `reward_gain` is the mean reward of the last 5 steps minus
+the first 5; `*_growth` is the relative increase of the median step time with the straggler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOKEN = "benchmark-admin-token"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _cores() -> tuple[set[int], set[int]]:
+  """(the engine's cores, the trainer's cores): the machine split in two."""
+  cores = sorted(os.sched_getaffinity(0))
+  half = max(1, len(cores) // 2)
+  return set(cores[:half]), set(cores[half:]) or set(cores[:half])
+
+
+@contextlib.contextmanager
+def _engine(model_dir: str, port: int, cores: set[int]):
+  env = {**os.environ, "CLAWJAX_ADMIN_TOKEN": TOKEN}
+  proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", model_dir, "--port", str(port),
+                           "--max-slots", "8", "--max-seq-len", "1024"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          preexec_fn=lambda: os.sched_setaffinity(0, cores))
+  try:
+    deadline = time.time() + 300
+    while True:
+      try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+        break
+      except OSError:
+        if proc.poll() is not None or time.time() > deadline:
+          raise RuntimeError("the engine server did not start") from None
+        time.sleep(0.5)
+    yield f"http://127.0.0.1:{port}"
+  finally:
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def _config(steps: int, url: str, export: str, async_rl: bool, harness: str, init: str | None = None):
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  from clawjax.train.config import train_config  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("quickstart_config", ROOT / "configs" / "quickstart.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return train_config(module.get_config(), [f"steps={steps}", f"async_rl={async_rl}", "engine.backend=sglang",
+                             f"engine.url={url}", f"engine.export_dir={export}", "engine.options={}",
+                             f"harnesses={harness}", "progress=false", "plot=false", "tensorboard=false",
+                             "checkpoint_every=1000"]
+                      + ([f"model.init={init}", "model.random_init=false", "model.overrides={}", "sft.steps=0"]
+                         if init else []))
+
+
+def _run(name: str, steps: int, args, model_dir: str, work: pathlib.Path, harness: str) -> dict:
+  from clawjax.train.metrics import read_metrics  # pylint: disable=import-outside-toplevel
+  from clawjax.train.trainer import train  # pylint: disable=import-outside-toplevel
+  engine_cores, _ = _cores()
+  with _engine(model_dir, _free_port(), engine_cores) as url:
+    cfg = _config(steps, url, str(work / f"{name}-export"), name.startswith("async"), harness, model_dir)
+    train(cfg, work / name)
+  rows = sorted(read_metrics(work / name, "rl"), key=lambda r: r["step"])
+  later = rows[1:] or rows
+  times = _step_times(rows)
+  rewards = [r.get("reward/mean", 0.0) for r in rows]
+  out = {"steps": len(rows), "step_s": round(float(np.median(times)), 2) if times else None,
+         "rollout_s": round(float(np.median([r["rollout_s"] for r in later])), 2),
+         "learner_s": round(float(np.median([r["learner_s"] for r in later])), 2),
+         "reward_gain": round(float(np.mean(rewards[-5:]) - np.mean(rewards[:5])), 4)}
+  if name.startswith("async"):
+    hist: dict[str, float] = {}
+    for r in rows:
+      for k, v in r.items():
+        if k.startswith("staleness/"):
+          hist[k.split("/")[1]] = hist.get(k.split("/")[1], 0.0) + v
+    out["staleness_hist"] = hist
+    out["tis_truncated"] = round(float(np.mean([r.get("tis_truncated_fraction", 0.0) for r in rows])), 4)
+  return out
+
+
+def _cold_start(work: pathlib.Path) -> str:
+  """The quickstart's cold start, once for every run: its policy after SFT, as an HF directory that the
+  engine server starts from and every run's model.init names."""
+  # pylint: disable=import-outside-toplevel
+  from clawjax.models import hf_io
+  from clawjax.models.loading import load_model
+  from clawjax.tasks import select_tasks
+  from clawjax.train.cold_start import record_demos, run_sft
+  from clawjax.train.metrics import MetricsWriter
+  cfg = _config(1, "http://unused", "", False, "mini")
+  out = work / "cold_start"
+  out.mkdir(parents=True, exist_ok=True)
+  policy = load_model(cfg.model.init, seed=cfg.seed, random_init=True, **cfg.model.overrides).model
+  trees, scores = record_demos(cfg, select_tasks(cfg.tasks), out)
+  policy = run_sft(policy, trees, scores, cfg.sft, cfg.learner, MetricsWriter(out, tensorboard=False), cfg.seed)
+  hf_io.save(policy, out / "model")
+  return str(out / "model")
+
+
+def _step_times(rows: list[dict]) -> list[float]:
+  """Seconds between consecutive steps' metrics (steps 2..: step 1 includes start-up and compiles)."""
+  return [b["time"] - a["time"] for a, b in zip(rows, rows[1:])]
+
+
+def _median_rollout_s(run: pathlib.Path) -> float:
+  from clawjax.calllog import RolloutRecord, iter_records  # pylint: disable=import-outside-toplevel
+  walls = [r.extra["wall_s"] for f in run.glob("steps/step_*/rollouts.jsonl") for r in iter_records(f)
+           if isinstance(r, RolloutRecord) and "wall_s" in r.extra]
+  return float(np.median(walls))
+
+
+def main(argv: list[str] | None = None) -> dict:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--steps", type=int, default=20)
+  parser.add_argument("--straggler-steps", type=int, default=5)
+  parser.add_argument("--straggler-factor", type=float, default=5.0)
+  parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary dir)")
+  parser.add_argument("--json", action="store_true")
+  args = parser.parse_args(argv)
+  _, trainer_cores = _cores()
+  os.sched_setaffinity(0, trainer_cores)
+  os.environ["CLAWJAX_ADMIN_TOKEN"] = TOKEN
+  # pylint: disable=import-outside-toplevel  (JAX after the affinity is set)
+  from clawjax.environment import describe as describe_environment
+  from clawjax.harness import adapters
+  from clawjax.train.metrics import read_metrics
+  with tempfile.TemporaryDirectory() as tmp:
+    work = pathlib.Path(args.workdir or tmp)
+    model_dir = _cold_start(work)
+    report: dict = {"sync": _run("sync", args.steps, args, model_dir, work, "mini"),
+                    "async": _run("async", args.steps, args, model_dir, work, "mini")}
+    delay = args.straggler_factor * _median_rollout_s(work / "sync")
+
+    class Straggling(adapters.Mini):
+      """The mini harness; rollout 0 of task qs_sky (in every step's sample: the quickstart takes all four
+      tasks) starts late, so that it takes `--straggler-factor` times the median rollout."""
+      name = "straggling_mini"
+
+      def command(self, base_url, api_key, prompt, home, options):
+        cmd = super().command(base_url, api_key, prompt, home, options)
+        rollout = base_url.rstrip("/").rsplit("/r/", 1)[-1]
+        late = delay if "-qs_sky-" in rollout and rollout.rsplit("-", 2)[-2] == "0" else 0.0
+        return dataclasses.replace(cmd, argv=["/bin/sh", "-c", f'sleep {late:.1f}; exec "$@"', "sh", *cmd.argv])
+
+    adapters.ADAPTERS["straggling_mini"] = Straggling()
+    late = {m: _run(f"{m}-straggler", args.straggler_steps, args, model_dir, work, "straggling_mini")
+            for m in ("sync", "async")}
+    # Against the same modes' first steps without the straggler (the runs above).
+    base = {m: float(np.median(_step_times(sorted(read_metrics(work / m, "rl"), key=lambda r: r["step"])
+                                           [:args.straggler_steps]))) for m in late}
+    report["straggler"] = {f"{m}_growth": round(late[m]["step_s"] / base[m] - 1, 3) for m in late}
+    report["straggler"]["delay_s"] = round(delay, 2)
+  report["environment"] = describe_environment()
+  print(json.dumps(report, indent=None if args.json else 2))
+  return report
+
+
+if __name__ == "__main__":
+  main()

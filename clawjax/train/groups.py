@@ -1,0 +1,123 @@
+"""GRPO groups as the unit of rollout work: which groups a step samples, and a runner that keeps groups
+in flight in the background while the learner works (asynchronous RL).
+
+A group is one (task, harness) pair of a step's task sample, run `rollouts_per_task` times. Groups are
+numbered in the run's data order: step s (from 1) holds the indices [(s - 1) * G, s * G), G groups a
+step, so that an index alone names its group again after a resume. Step s's sample is a function of
+(seed, s) only.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import pathlib
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from clawjax.calllog import CallLogWriter
+from clawjax.run.session import PolicySession, RolloutJob
+from clawjax.tasks import Task
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  index: int   # position in the run's data order
+  step: int    # the step whose task sample it belongs to
+  task: Task
+  harness: str
+
+  @property
+  def key(self) -> str:
+    return f"g{self.index}"
+
+  def jobs(self, rollouts: int) -> list[RolloutJob]:
+    return [RolloutJob(self.task, self.harness, k) for k in range(rollouts)]
+
+
+def groups_per_step(tasks_per_step: int, n_tasks: int, n_harnesses: int) -> int:
+  return min(tasks_per_step, n_tasks) * n_harnesses
+
+
+def step_groups(seed: int, tasks_per_step: int, harnesses: Sequence[str], tasks: Sequence[Task],
+                step: int) -> list[Group]:
+  """Step `step`'s groups in data order: its task sample (a function of (seed, step)), each task under
+  every harness."""
+  rng = np.random.default_rng([seed, step])
+  order = rng.permutation(len(tasks))[:min(tasks_per_step, len(tasks))]
+  first = (step - 1) * groups_per_step(tasks_per_step, len(tasks), len(harnesses))
+  pairs = [(tasks[i], h) for i in order for h in harnesses]
+  return [Group(first + j, step, task, harness) for j, (task, harness) in enumerate(pairs)]
+
+
+@dataclasses.dataclass
+class CompletedGroup:
+  group: Group
+  path: pathlib.Path   # its rollout records (the shim's call logs are in the session's log dir)
+  wall_s: float        # from its launch to its last rollout's end
+
+
+class GroupRunner:
+  """Runs groups' rollouts through a session, `concurrency` at a time, in launch order; `take(n)`
+  returns the first n groups to complete, in order of completion. A straggling group holds no one up:
+  later groups complete past it."""
+
+  def __init__(self, session: PolicySession, rollouts_per_task: int, concurrency: int, out_dir: pathlib.Path):
+    self.session, self.rollouts, self.out_dir = session, rollouts_per_task, out_dir
+    self._pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="clawjax-group")
+    self._cv = threading.Condition()
+    self._done: list[CompletedGroup] = []
+    self._running: dict[int, Group] = {}
+
+  def launch(self, group: Group) -> None:
+    self.out_dir.mkdir(parents=True, exist_ok=True)
+    path = self.out_dir / f"{group.key}.jsonl"
+    if path.exists():  # the same group run before a crash: its rollouts are run afresh
+      path.rename(path.with_name(f"{path.name}.partial-{time.time_ns()}"))
+    writer = CallLogWriter(path)
+    remaining = [self.rollouts]
+    started = time.time()
+
+    def one(job: RolloutJob) -> None:
+      try:
+        self.session.rollout(job, writer, label=f"s{group.step}")
+      finally:
+        with self._cv:
+          remaining[0] -= 1
+          if remaining[0] == 0:
+            writer.close()
+            del self._running[group.index]
+            self._done.append(CompletedGroup(group, path, time.time() - started))
+            self._cv.notify_all()
+
+    with self._cv:
+      self._running[group.index] = group
+    for job in group.jobs(self.rollouts):
+      self._pool.submit(one, job)
+
+  def take(self, n: int) -> list[CompletedGroup]:
+    """Blocks until n groups have completed (of those launched); returns the first n, in completion order."""
+    with self._cv:
+      if n > len(self._done) + len(self._running):
+        raise ValueError(f"take({n}): only {len(self._done) + len(self._running)} groups launched")
+      self._cv.wait_for(lambda: len(self._done) >= n)
+      taken, self._done = self._done[:n], self._done[n:]
+    return taken
+
+  @property
+  def in_flight(self) -> list[Group]:
+    with self._cv:
+      return sorted(self._running.values(), key=lambda g: g.index)
+
+  @property
+  def waiting(self) -> list[Group]:
+    """Completed groups not taken yet."""
+    with self._cv:
+      return [c.group for c in self._done]
+
+  def close(self) -> None:
+    """Drops the rollouts not started; waits for the running ones (they end by their own timeouts)."""
+    self._pool.shutdown(wait=True, cancel_futures=True)
