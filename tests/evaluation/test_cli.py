@@ -48,5 +48,7 @@ def test_eval_then_tables_commands(tmp_path, capsys):
 
   tables.main(["--runs", str(tmp_path / "run"), "--out", str(tmp_path / "table")])
   assert "| OpenClaw | ClawII-OC-30A3B | - | 87.32 | - | - | 62.62 | - |" in capsys.readouterr().out
-  assert (tmp_path / "table.csv").read_text().splitlines()[-1] == \
-      "mini,scripted,,,,,,,100.00,1,100.00"  # both paper benchmarks empty, then toy and toy: data
+  env = json.loads((tmp_path / "run" / "environment.json").read_text())
+  commit = env["clawjax"]["commit"][:10] + ("+dirty" if env["clawjax"]["dirty"] else "")
+  # Both paper benchmarks empty, then toy and toy: data, then the run's commit and environment.
+  assert (tmp_path / "table.csv").read_text().splitlines()[-1] == f"mini,scripted,,,,,,,100.00,1,100.00,{commit},A"

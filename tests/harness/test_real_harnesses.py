@@ -58,7 +58,7 @@ def test_real_harness_writes_file_and_logs_every_call(harness_run):
   rec = outcome.record
   assert rec.status == "ok" and rec.reward == 1.0, dumps(rec.extra)
   assert (next(outcome.rollout_dir.glob("hello-*")) / "hello.txt").read_text() == "hello"
-  assert logged == rec and rec.harness == get_adapter(name).harness
+  assert logged == rec and rec.harness == get_adapter(name).name
   if sandbox.bwrap_problem() is None:
     assert (rec.extra["sandbox"], rec.extra["network"]) == ("bwrap", "loopback-relay")
   # Tool call, the failed attempt, its retry with the final answer: all logged, in order.

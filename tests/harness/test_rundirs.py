@@ -35,7 +35,7 @@ from clawjax.harness import rundirs
 from clawjax.harness.rollout import RolloutConfig, run_rollout
 from clawjax.serving.backends.scripted import ScriptedBackend, ScriptTurn
 from clawjax.serving.server import ShimConfig, ShimThread
-from clawjax.tasks.task import parse_jsonl_task
+from clawjax.tasks import parse_jsonl_task
 from clawjax.text.templates import load_template
 from tests.harness.helpers import CHECKER
 work, command = sys.argv[1], sys.argv[2]
@@ -47,7 +47,7 @@ turns = [ScriptTurn(text="", tool_calls=(("bash", {"command": command}),)), Scri
 with ShimThread(ShimConfig(log_dir=f"{work}/logs-{os.getpid()}"), ScriptedBackend(template, turns),
                 template) as shim:
   outcome = run_rollout(shim.url, task, "mini", RolloutConfig(timeout_s=600, settle_interval_s=0.1,
-                                                              work_root=work))
+                                                              work_root=work), admin_token=shim.admin_token)
 print(outcome.record.status, rundirs.current_run().run_id, flush=True)
 """
 

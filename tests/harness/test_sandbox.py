@@ -206,11 +206,11 @@ def test_a_rollout_record_says_it_ran_without_isolation(make_shim, hello_task, t
   monkeypatch.setattr(sandbox, "bwrap_problem", lambda: "bwrap not found on PATH")
   shim = make_shim([ScriptTurn(text="Done.")])
   config = RolloutConfig(timeout_s=60, settle_interval_s=0.05, settle_checks=2, work_root=str(tmp_path / "w"))
-  extra = run_rollout(shim.url, hello_task, "mini", config).record.extra
+  extra = run_rollout(shim.url, hello_task, "mini", config, admin_token=shim.admin_token).record.extra
   assert {k: extra[k] for k in ("sandbox_mode", "sandbox", "network", "sandbox_fallback")} == {
       "sandbox_mode": "auto", "sandbox": "none", "network": "host", "sandbox_fallback": "bwrap not found on PATH"}
   failed = run_rollout(shim.url, hello_task, "mini", dataclasses.replace(
-      config, sandbox=sandbox.SandboxConfig(mode="bwrap"))).record
+      config, sandbox=sandbox.SandboxConfig(mode="bwrap")), admin_token=shim.admin_token).record
   assert failed.status == "failed" and failed.extra["sandbox_mode"] == "bwrap"
   assert "apt-get install -y bubblewrap" in failed.extra["reason"]
 
