@@ -65,8 +65,8 @@ _LISTEN_BACKLOG = 1024  # Connections a worker's socket holds while no process a
 _MODEL_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions", "/v1/models")
 
 
-def _url(host: str, port: int) -> str:
-  return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def _url(host: str, port: int, scheme: str = "http") -> str:
+  return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def _exit_status(returncode: int) -> str:
@@ -147,7 +147,6 @@ class ShimFront:
     self._pinned: dict[str, _Pinned] = {}
     self._reserved: set[str] = set()  # Ids given to POST /rollouts still being created.
     self._turn = 0  # The worker to try first among the least loaded.
-    self._stopping = False
     self._session: aiohttp.ClientSession | None = None
     self._runner: web.AppRunner | None = None
     self._watchers: list[asyncio.Future] = []
@@ -167,7 +166,8 @@ class ShimFront:
     self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
         total=self.config.finish_timeout_s + self.config.read_timeout_s))
     try:
-      self.workers = [self._bind(i) for i in range(self.config.workers)]
+      for index in range(self.config.workers):
+        self.workers.append(self._bind(index))
       started = await asyncio.gather(*map(self._start_worker, self.workers), return_exceptions=True)
       for failure in started:
         if isinstance(failure, BaseException):
@@ -196,7 +196,7 @@ class ShimFront:
     if not self.config.public_url:
       return None
     public = urllib.parse.urlsplit(self.config.public_url)
-    return _url(public.hostname, port).replace("http", public.scheme, 1)
+    return _url(public.hostname, port, public.scheme)
 
   async def _start_worker(self, worker: _Worker) -> None:
     """Starts a process on the worker's socket and waits until it serves."""
@@ -257,7 +257,6 @@ class ShimFront:
 
   async def stop(self) -> None:
     """Stops serving, then stops the workers (each lets its calls in flight be logged and answered)."""
-    self._stopping = True
     for watcher in self._watchers:
       watcher.cancel()
     if self._runner is not None:
