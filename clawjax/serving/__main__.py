@@ -4,26 +4,28 @@ The control routes (POST /rollouts, POST /rollouts/ID/finish, GET /rollouts/ID) 
 `Authorization: Bearer TOKEN`: $CLAWJAX_ADMIN_TOKEN when set, otherwise a fresh one written (mode 0600)
 to --admin-token-file, by default LOG_DIR/admin_token, where the trainer reads it. Harnesses get only
 their rollout's key.
+
+With --workers N > 1 this process is the front: it answers the control routes on --port and runs N
+worker processes, each serving the model calls of the rollouts pinned to it on a port of its own (the
+base_url POST /rollouts answers names it; GET /health lists them). See clawjax/serving/front.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
-import gc
 import json
 import logging
 import os
-import signal
+import sys
 from typing import Any
 
 from clawjax.auth import ADMIN_TOKEN_ENV, server_admin_token
-from clawjax.models.vocab import text_source
-from clawjax.serving.backends.base import backend_names, create_backend
-from clawjax.serving.profiles import load_profiles
+from clawjax.config import ConfigError
+from clawjax.serving.backends.base import backend_names
+from clawjax.serving.front import ShimFront
 from clawjax.serving.server import ShimConfig, ShimServer
-from clawjax.text.templates import load_template
+from clawjax.serving.workers import EVENT_LOOPS, LOG_FORMAT, WorkerSpec, run_event_loop, tune_gc, until_stopped
 
 
 def _backend_arg(item: str) -> tuple[str, Any]:
@@ -40,6 +42,7 @@ def _backend_arg(item: str) -> tuple[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   defaults = ShimConfig(log_dir="")
+  spec_defaults = WorkerSpec("scripted", "")
   p = argparse.ArgumentParser(prog="python -m clawjax.serving", description=__doc__,
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--backend", required=True, choices=backend_names())
@@ -60,13 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  help=f"where a generated admin token is written (mode 0600) when ${ADMIN_TOKEN_ENV} is "
                       "unset; default: LOG_DIR/admin_token")
   p.add_argument("--profiles", default=None, help="JSON file of harness role profiles")
-  p.add_argument("--gc-threshold", type=int, default=50_000,
+  p.add_argument("--gc-threshold", type=int, default=spec_defaults.gc_threshold,
                  help="allocations between young-generation garbage collections (Python's default "
                       "is 700). Each call allocates a few thousand objects (parsed request, token "
                       "lists), so at the default the collector runs several times per call and "
                       "rescans every live rollout's state: 2-10 ms per call at 16 rollouts. 0 keeps "
                       "Python's settings")
-  p.add_argument("--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
+  p.add_argument("--event-loop", choices=EVENT_LOOPS, default=spec_defaults.event_loop,
                  help="uvloop (libuv) halves the event loop's own cost per request against asyncio's "
                       "default loop; asyncio is the fallback where uvloop does not install (Windows)")
   p.add_argument("--incremental-stream", action=argparse.BooleanOptionalAction,
@@ -77,7 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--fsync-call-log", action=argparse.BooleanOptionalAction,
                  default=defaults.fsync_call_log,
                  help="fsync each call record before the response's final bytes (ShimConfig.fsync_call_log)")
-  for field, kind in [("max_new_tokens", int), ("max_context", int), ("top_k", int),
+  p.add_argument("--workers", type=int, default=defaults.workers,
+                 help="shim processes: N > 1 runs a front (the control routes, on --port) and N worker "
+                      "processes serving the model calls, each rollout pinned to one "
+                      "(ShimConfig.workers); not with --backend embedded")
+  for field, kind in [("worker_start_timeout_s", float), ("max_new_tokens", int), ("max_context", int), ("top_k", int),
                       ("max_body_bytes", int), ("log_threads", int), ("temperature", float),
                       ("top_p", float), ("keepalive_s", float), ("finish_timeout_s", float),
                       ("read_timeout_s", float), ("max_connections_per_client", int),
@@ -87,42 +94,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace) -> None:
-  template = load_template(text_source(args.model), args.template_family)
-  options = dict(args.backend_arg)
-  if args.backend == "scripted":
-    options["template"] = template  # The script is rendered with the very template the shim uses.
-  backend = create_backend(args.backend, url=args.backend_url, model=args.model, **options)
-  fields = {f.name for f in dataclasses.fields(ShimConfig)}
-  config = ShimConfig(**{k: v for k, v in vars(args).items() if k in fields})
+async def serve(args: argparse.Namespace, config: ShimConfig, spec: WorkerSpec) -> None:
   token, token_source = server_admin_token(args.admin_token_file
                                            or os.path.join(args.log_dir, "admin_token"))
-  server = ShimServer(config, backend, template,
-                      load_profiles(args.profiles) if args.profiles else None, token)
+  if config.workers == 1:
+    backend, template, profiles = spec.build()
+    server = ShimServer(config, backend, template, profiles, token)
+  else:
+    server = ShimFront(config, spec, token)
   url = await server.start()
-  if args.gc_threshold:
-    # What exists now (modules, tokenizer, template caches) lives as long as the process: keep it out
-    # of every future collection, then collect young objects less often.
-    gc.freeze()
-    gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
-  logging.info("clawjax shim (%s backend) serving at %s, logs in %s, admin token from %s", args.backend,
-               url, args.log_dir, token_source)
-  stop = asyncio.Event()
-  loop = asyncio.get_running_loop()
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    loop.add_signal_handler(sig, stop.set)
-  await stop.wait()
+  tune_gc(spec.gc_threshold)
+  logging.info("clawjax shim (%s backend, %d process%s) serving at %s, logs in %s, admin token from %s",
+               args.backend, config.workers, "es" if config.workers > 1 else "", url, args.log_dir,
+               token_source)
+  await until_stopped()
   await server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
   args = parse_args(argv)
-  if args.event_loop == "uvloop":
-    import uvloop  # pylint: disable=g-import-not-at-top  (optional: not on Windows)
-    uvloop.run(serve(args))
-  else:
-    asyncio.run(serve(args))
+  fields = {f.name for f in dataclasses.fields(ShimConfig)}
+  try:
+    config = ShimConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    spec = WorkerSpec(args.backend, args.model, args.backend_url, dict(args.backend_arg),
+                      template_family=args.template_family, profiles=args.profiles,
+                      gc_threshold=args.gc_threshold, event_loop=args.event_loop)
+    spec.check_workers(config.workers)
+  except (ConfigError, ValueError) as e:
+    sys.exit(f"python -m clawjax.serving: {e}")
+  run_event_loop(serve(args, config, spec), args.event_loop)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import socket
 from typing import Any
 
 import orjson
@@ -34,6 +35,11 @@ async def read_body(request: web.Request, max_bytes: int, timeout_s: float) -> b
     raise ApiError(errors.TOO_LARGE, f"request body exceeds the limit of {max_bytes} bytes") from None
   except TimeoutError:
     raise ApiError(errors.TIMEOUT, f"request body not received within {timeout_s:g} s") from None
+
+
+async def read_json(request: web.Request, max_bytes: int, timeout_s: float, max_depth: int) -> Any:
+  """The request's JSON body, read by `read_body` and decoded by `decode_json` under their limits."""
+  return decode_json(await read_body(request, max_bytes, timeout_s), max_depth)
 
 
 def _reject_constant(name: str) -> Any:
@@ -134,11 +140,14 @@ class _ClientConnection(asyncio.Protocol):
 
 
 class ClientCappedSite(web.BaseSite):
-  """aiohttp's TCP site, with at most `max_per_client` open connections per client address."""
+  """aiohttp's TCP site, with at most `max_per_client` open connections per client address. It listens
+  on `host`:`port`, or on `sock` when given (a listening socket made by another process: a shim
+  worker's, which the front holds)."""
 
-  def __init__(self, runner: web.BaseRunner, host: str, port: int, max_per_client: int):
+  def __init__(self, runner: web.BaseRunner, host: str, port: int, max_per_client: int,
+               sock: socket.socket | None = None):
     super().__init__(runner)
-    self.host, self.port, self.max_per_client = host, port, max_per_client
+    self.host, self.port, self.max_per_client, self.sock = host, port, max_per_client, sock
     self.open_by_client: collections.Counter[str] = collections.Counter()
 
   @property
@@ -148,6 +157,6 @@ class ClientCappedSite(web.BaseSite):
   async def start(self) -> None:
     await super().start()
     server = self._runner.server
+    where = {"sock": self.sock} if self.sock is not None else {"host": self.host, "port": self.port}
     self._server = await asyncio.get_running_loop().create_server(
-        lambda: _ClientConnection(server(), self.open_by_client, self.max_per_client), self.host,
-        self.port)
+        lambda: _ClientConnection(server(), self.open_by_client, self.max_per_client), **where)

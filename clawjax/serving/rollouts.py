@@ -18,7 +18,7 @@ import re
 import secrets
 from typing import Any
 
-from clawjax.calllog import CallRecord
+from clawjax.calllog import CallRecord, load
 from clawjax.serving.chat import MessageMemo
 from clawjax.serving.logwriter import RolloutLogWriter
 from clawjax.serving.profiles import HarnessProfile
@@ -75,14 +75,37 @@ class Rollout:
 
   def note_written(self, record: CallRecord) -> None:
     """Adds a call whose record is on disk to the summary."""
-    self.calls.append({"call_index": record.call_index, "status": record.status, "role": record.role,
-                       "input_tokens": len(record.input_ids), "output_tokens": len(record.output_ids),
-                       "finish_reason": record.finish_reason, "t_end": record.t_end})
+    self.calls.append(_call_summary(record))
 
   def summary(self) -> dict[str, Any]:
     return {"rollout_id": self.rollout_id, "task_id": self.task_id, "harness": self.harness,
             "finished": self.finished, "inflight": self.inflight, "log_path": self.writer.path,
             "failed": self.failure, "calls": sorted(self.calls, key=lambda c: c["call_index"])}
+
+
+def _call_summary(record: CallRecord) -> dict[str, Any]:
+  return {"call_index": record.call_index, "status": record.status, "role": record.role,
+          "input_tokens": len(record.input_ids), "output_tokens": len(record.output_ids),
+          "finish_reason": record.finish_reason, "t_end": record.t_end}
+
+
+def summary_from_log(rollout_id: str, task_id: str, harness: str, log_path: str,
+                     failed: str | None) -> dict[str, Any]:
+  """A finished rollout's summary (as `Rollout.summary`) read back from its call log, for a rollout whose
+  shim process is gone. A log the loader cannot read whole (the record being written at a kill -9)
+  lists no calls, and says why in `failed`, as training would leave the rollout out."""
+  calls: list[dict[str, Any]] = []
+  try:
+    loaded = load(log_path, errors="collect")
+  except OSError as e:
+    problem = f"its call log cannot be read: {e}"
+  else:
+    problem = loaded.excluded.get(rollout_id)
+    calls = [_call_summary(r) for r in loaded.calls.get(rollout_id, [])]
+  if problem:
+    failed = f"{failed}; {problem}" if failed else problem
+  return {"rollout_id": rollout_id, "task_id": task_id, "harness": harness, "finished": True,
+          "inflight": 0, "log_path": log_path, "failed": failed, "calls": calls}
 
 
 class RolloutRegistry:
@@ -91,6 +114,9 @@ class RolloutRegistry:
     self._by_id: dict[str, Rollout] = {}
     self._by_key: dict[str, Rollout] = {}
     self._finished: dict[str, Rollout] = {}
+    # Rollouts of a shim worker process that died, which this process took the place of: id -> what
+    # happened. Their calls get 401 saying so, not "unknown".
+    self.lost: dict[str, str] = {}
 
   def create(self, task_id: str, harness: str, profile: HarnessProfile, builder: Any,
              rollout_id: str | None = None) -> Rollout:

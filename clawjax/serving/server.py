@@ -29,27 +29,29 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
-from clawjax.auth import admin_status, bearer_token, new_token
+from clawjax.auth import bearer_token, new_token
 from clawjax.calllog import CallRecord
+from clawjax.config import ConfigError
 from clawjax.generation import Generation, SamplingParams
 from clawjax.serving import errors
 from clawjax.serving.anthropic_api import AnthropicDialect, parse_messages
 from clawjax.serving.backends.base import Backend, BackendError, PromptIds
-from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, TurnEvents, dumps, new_id
+from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, TurnEvents, new_id
 from clawjax.serving.errors import ApiError
-from clawjax.serving.intake import ClientCappedSite, decode_json, read_body
+from clawjax.serving.intake import ClientCappedSite, read_json
 from clawjax.serving.logspace import LogSpace
 from clawjax.serving.logwriter import EncodedInput
 from clawjax.serving.openai_api import OpenAIDialect
 from clawjax.serving.profiles import HarnessProfile, profile_for
+from clawjax.serving.responses import add_control_routes, error_middleware, error_response, json_response
 from clawjax.serving.rollouts import Rollout, RolloutRegistry
 from clawjax.text.messages import ParsedTurn
 from clawjax.text.prompt import Prompt, PromptBuilder
@@ -85,7 +87,8 @@ class ShimConfig:
   read_timeout_s: float = 30.0
   # Open connections from one client address; more are closed at once. Sandboxed harnesses reach the
   # shim through their relays from 127.0.0.1, so on one host this bounds all rollouts together: keep it
-  # above rollouts in flight x connections per harness (a few).
+  # above rollouts in flight x connections per harness (a few). With workers > 1: per process (the
+  # front's and each worker's own).
   max_connections_per_client: int = 1024
   max_json_depth: int = 128  # Nesting levels of a request body's JSON (400 past it); tool schemas use ~10.
   # Free space the call log's filesystem must keep: below it, model calls and new rollouts are refused
@@ -98,28 +101,33 @@ class ShimConfig:
   # Streaming: headers and a keep-alive event after this long without a result, then one every this long.
   keepalive_s: float = 5.0
   finish_timeout_s: float = 30.0  # POST /rollouts/{id}/finish waits this long for calls in flight.
-  public_url: str | None = None  # Root for base_url when clients reach the server by another address.
+  # Root for base_url when clients reach the server by another address. With workers > 1 it is the
+  # front's, and a worker's base_url is its scheme and host with the worker's own port.
+  public_url: str | None = None
   log_threads: int = 32  # Threads appending + fsyncing call records (I/O-bound: one per busy rollout).
   # Stream text and thinking as the engine samples them (`Backend.generate_streaming`). Off: each turn
   # goes out whole once generated, after keep-alives. Harnesses act the same either way; off saves the
   # shim ~80 us of CPU per token (engine events to parse, client events to send), which is what
   # training wants. On: someone watches a harness live.
   incremental_stream: bool = False
+  # Shim processes on this host. 1: one process serves everything (the control and model routes on one
+  # event loop, as `ShimServer`/`ShimThread`). N > 1: a front process answers the control routes and
+  # N worker processes the model routes, each rollout pinned at `POST /rollouts` to the worker with
+  # the fewest live rollouts, its base_url that worker's own port (`clawjax.serving.front`). One event
+  # loop runs out of CPU at ~100 concurrent rollouts (~5 ms of CPU per call); N of them share the calls,
+  # given N free cores. Needs a backend other processes reach (sglang, vllm, scripted), not `embedded`.
+  workers: int = 1
+  # With workers > 1: how long a worker process may take to start (imports, tokenizer, backend) before
+  # the shim gives up on it.
+  worker_start_timeout_s: float = 60.0
+
+  def __post_init__(self):
+    if self.workers < 1:
+      raise ConfigError(f"shim.workers: must be at least 1 (shim processes), got {self.workers}")
 
 
 def _api_key(request: web.Request) -> str | None:
   return request.headers.get("x-api-key") or bearer_token(request.headers)
-
-
-def _json_response(body: Any, status: int = 200) -> web.Response:
-  return web.Response(body=dumps(body).encode(), status=status, content_type="application/json")
-
-
-def _http_error(e: web.HTTPException, request: web.Request) -> ApiError:
-  """aiohttp's own error (an unknown route, a method the route lacks) as one the dialects shape."""
-  kinds = {404: errors.NOT_FOUND, 405: errors.NOT_ALLOWED, 408: errors.TIMEOUT, 413: errors.TOO_LARGE}
-  return ApiError(kinds.get(e.status, errors.INVALID if e.status < 500 else errors.INTERNAL),
-                  f"{request.method} {request.path}: {e.reason}", status=e.status)
 
 
 class _TurnFeed:
@@ -215,7 +223,8 @@ class ShimServer:
     self._log_pool = concurrent.futures.ThreadPoolExecutor(config.log_threads,
                                                            thread_name_prefix="clawjax-log")
     self.anthropic, self.openai = AnthropicDialect(), OpenAIDialect()
-    self.app = web.Application(client_max_size=config.max_body_bytes, middlewares=[self._errors])
+    self.app = web.Application(client_max_size=config.max_body_bytes,
+                               middlewares=[error_middleware(self.anthropic, self.openai)])
     self._runner: web.AppRunner | None = None
     self.url = ""
     routes = [("POST", "/v1/messages", self._messages),
@@ -225,13 +234,12 @@ class ShimServer:
     for method, path, handler in routes:
       self.app.router.add_route(method, path, handler)
       self.app.router.add_route(method, "/r/{rid}" + path, handler)
-    self.app.router.add_post("/rollouts", self._create_rollout)
-    self.app.router.add_post("/rollouts/{rid}/finish", self._finish_rollout)
-    self.app.router.add_get("/rollouts/{rid}", self._get_rollout)
+    add_control_routes(self.app, self)
     self.app.router.add_get("/health", self._health)
 
-  async def start(self) -> str:
-    """Serves; raises OSError naming the call log directory when it is not writable."""
+  async def start(self, sock: socket.socket | None = None) -> str:
+    """Serves on config.host:config.port, or on `sock` (a listening socket: a worker's, made by the
+    front); raises OSError naming the call log directory when it is not writable."""
     self.log_space.check_writable()
     if problem := self.log_space.problem():
       log.warning("%s: model calls get 503 until space returns", problem)
@@ -239,7 +247,7 @@ class ShimServer:
     self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=self.config.read_timeout_s)
     await self._runner.setup()
     site = ClientCappedSite(self._runner, self.config.host, self.config.port,
-                            self.config.max_connections_per_client)
+                            self.config.max_connections_per_client, sock)
     await site.start()
     port = self._runner.addresses[0][1]
     self.url = self.config.public_url or f"http://{self.config.host}:{port}"
@@ -252,46 +260,15 @@ class ShimServer:
     await self.backend.close()
     self._log_pool.shutdown(wait=True)
 
-  @web.middleware
-  async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
-    """Every error a route raises, as the dialect's error body (a model call's own, by its path)."""
-    dialect = self.anthropic if ("/v1/messages" in request.path
-                                 or "anthropic-version" in request.headers) else self.openai
-    try:
-      return await handler(request)
-    except ApiError as e:
-      return self._error(dialect, e)
-    except web.HTTPException as e:
-      if e.status < 400:
-        raise
-      return self._error(dialect, _http_error(e, request))
-    except HttpProcessingError as e:  # A body aiohttp could not decode (bad chunked encoding).
-      return self._error(dialect, ApiError(errors.INVALID, f"malformed request: {e.message}"))
-    except ConnectionError:
-      raise  # The client went: nobody to answer (aiohttp drops the connection quietly).
-    except Exception:  # pylint: disable=broad-except
-      log.exception("%s %s failed", request.method, request.path)
-      return self._error(dialect, ApiError(errors.INTERNAL, "internal error of the shim (logged)"))
-
-  def _error(self, dialect: Dialect, err: ApiError) -> web.Response:
-    return _json_response(dialect.error_body(err), err.status)
-
   async def _json_body(self, request: web.Request) -> Any:
-    raw = await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
-    return decode_json(raw, self.config.max_json_depth)
+    return await read_json(request, self.config.max_body_bytes, self.config.read_timeout_s,
+                           self.config.max_json_depth)
 
   def _check_log_space(self) -> None:
     if problem := self.log_space.problem():
       raise ApiError(errors.UNAVAILABLE, f"the shim cannot record calls now: {problem}; retry later")
 
   # ---- control routes
-
-  def _require_admin(self, request: web.Request) -> None:
-    status = admin_status(request.headers, self.admin_token)
-    if status == 401:
-      raise ApiError(errors.AUTH, "control route: send the admin token as Authorization: Bearer TOKEN")
-    if status == 403:
-      raise ApiError(errors.PERMISSION, "control route: that is not the admin token")
 
   async def create_rollout(self, task_id: str, harness: str, rollout_id: str | None = None
                            ) -> dict[str, Any]:
@@ -308,45 +285,28 @@ class ShimServer:
     return {"rollout_id": rollout.rollout_id, "base_url": base, "openai_base_url": base + "/v1",
             "api_key": rollout.api_key, "log_path": rollout.writer.path, "context_window": window}
 
-  async def _create_rollout(self, request: web.Request) -> web.Response:
-    self._require_admin(request)
-    body = await self._json_body(request)
-    if not isinstance(body, dict):
-      raise ApiError(errors.INVALID, "body must be a JSON object")
-    fields = {k: body.get(k) for k in ("task_id", "harness", "rollout_id")}
-    for k, val in fields.items():
-      if (val is not None or k != "rollout_id") and not isinstance(val, str):
-        raise errors.invalid(k, "must be a string")
-    try:
-      return _json_response(await self.create_rollout(**fields))
-    except ValueError as e:
-      raise ApiError(errors.INVALID, str(e)) from None
+  async def finish_rollout(self, rollout_id: str) -> dict[str, Any] | None:
+    """In-process form of POST /rollouts/{id}/finish: the summary once the rollout's calls in flight
+    are logged (or `finish_timeout_s` passed); None for an unknown rollout."""
+    rollout = await self.registry.finish(rollout_id, self.config.finish_timeout_s)
+    return rollout.summary() if rollout else None
 
-  async def _finish_rollout(self, request: web.Request) -> web.Response:
-    self._require_admin(request)
-    rollout = await self.registry.finish(request.match_info["rid"], self.config.finish_timeout_s)
-    if rollout is None:
-      raise ApiError(errors.NOT_FOUND, "unknown rollout")
-    return _json_response(rollout.summary())
-
-  async def _get_rollout(self, request: web.Request) -> web.Response:
-    self._require_admin(request)
-    rollout = self.registry.get(request.match_info["rid"])
-    if rollout is None:
-      raise ApiError(errors.NOT_FOUND, "unknown rollout")
-    return _json_response(rollout.summary())
+  async def rollout_summary(self, rollout_id: str) -> dict[str, Any] | None:
+    """In-process form of GET /rollouts/{id} (None: unknown rollout)."""
+    rollout = self.registry.get(rollout_id)
+    return rollout.summary() if rollout else None
 
   async def _health(self, request: web.Request) -> web.Response:
     ok = await self.backend.health()
-    return _json_response({"status": "ok" if ok else "backend unavailable",
-                           "live_rollouts": len(self.registry.live())}, 200 if ok else 503)
+    return json_response({"status": "ok" if ok else "backend unavailable",
+                          "live_rollouts": len(self.registry.live())}, 200 if ok else 503)
 
   async def _models(self, request: web.Request) -> web.Response:
     name = self.config.model_name
-    return _json_response({"object": "list", "has_more": False, "first_id": name, "last_id": name,
+    return json_response({"object": "list", "has_more": False, "first_id": name, "last_id": name,
                            "data": [{"id": name, "object": "model", "type": "model",
                                      "display_name": name, "created": 0,
-                                     "created_at": "1970-01-01T00:00:00Z", "owned_by": "clawjax"}]})
+                                    "created_at": "1970-01-01T00:00:00Z", "owned_by": "clawjax"}]})
 
   # ---- model calls
 
@@ -358,16 +318,19 @@ class ShimServer:
 
   def _rollout_of(self, request: web.Request) -> Rollout:
     """The rollout a model request's key opens (ApiError 401 otherwise; nothing is written)."""
-    rollout = self.registry.lookup(_api_key(request), request.match_info.get("rid"))
+    rid = request.match_info.get("rid")
+    rollout = self.registry.lookup(_api_key(request), rid)
     if rollout is None:
-      raise ApiError(errors.AUTH, "invalid x-api-key: unknown or finished rollout")
+      lost = self.registry.lost.get(rid)
+      raise ApiError(errors.AUTH, f"rollout {rid} is lost: {lost}" if lost
+                     else "invalid x-api-key: unknown or finished rollout")
     return rollout
 
   async def _count_tokens(self, request: web.Request) -> web.Response:
     self._rollout_of(request)
     req = parse_messages(await self._json_body(request), need_max_tokens=False)
     ids = self.template.render(req.messages, req.tools, enable_thinking=req.enable_thinking)
-    return _json_response({"input_tokens": len(ids)})
+    return json_response({"input_tokens": len(ids)})
 
   async def _max_context(self) -> int:
     """--max-context, or the engine's own limit where that is smaller (`Backend.context_length`)."""
@@ -394,7 +357,7 @@ class ShimServer:
       if len(prompt.input_ids) >= max_context:
         raise self._too_long(len(prompt.input_ids), max_context)
     except ApiError as e:
-      return self._error(dialect, e)
+      return error_response(dialect, e)
     input_ids = tuple(prompt.input_ids)
     max_new = min(req.max_tokens or self.config.max_new_tokens, self.config.max_new_tokens,
                   max_context - len(input_ids))
@@ -474,7 +437,7 @@ class ShimServer:
     # (The answer is this error whether or not its record could be written.)
     await self._finish_store(call, record, self._start_store(call, record))
     if call.stream is None:
-      return self._error(call.dialect, err)
+      return error_response(call.dialect, err)
     await call.send(call.feed.take() + call.dialect.stream_error(err))
     return call.stream
 
@@ -497,8 +460,8 @@ class ShimServer:
     if not call.req.stream:
       failure = await self._finish_store(call, record, stored)
       if failure is not None:
-        return self._error(call.dialect, failure)
-      return _json_response(call.dialect.response(result, call.model, call.message_id))
+        return error_response(call.dialect, failure)
+      return json_response(call.dialect.response(result, call.model, call.message_id))
     try:  # Everything but the final event goes out while the record is being written.
       head = b"" if call.stream is not None else await call.open_stream()
       await call.send(head + call.feed.take() + call.feed.events.rest(result, call.req.include_usage))
@@ -538,15 +501,15 @@ class ShimServer:
     return None
 
 
-class ShimThread:
-  """Runs a ShimServer on its own event loop thread (tests, synchronous callers).
+class ServerThread:
+  """Runs a shim server on its own event loop thread (tests, synchronous callers): `server` has
+  `start()`, `stop()`, `create_rollout(...)`, `finish_rollout(id)` coroutines, `url`, `admin_token` and
+  `config`. `ShimThread` runs one `ShimServer`; `front.ShimProcessPool` the front of several worker
+  processes. `run(coro)` runs any coroutine on the server's loop (the run layer's weight pushes through
+  its backend)."""
 
-  with ShimThread(config, backend, template) as shim: shim.url, shim.admin_token, shim.create_rollout(...)
-  """
-
-  def __init__(self, config: ShimConfig, backend: Backend, template: ChatTemplate,
-               profiles: dict[str, HarnessProfile] | None = None, admin_token: str | None = None):
-    self.server = ShimServer(config, backend, template, profiles, admin_token)
+  def __init__(self, server: Any):
+    self.server = server
     self.loop = asyncio.new_event_loop()
     self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="clawjax-shim")
 
@@ -567,24 +530,44 @@ class ShimThread:
     return self.run(self.server.create_rollout(task_id, harness, rollout_id))
 
   def finish_rollout(self, rollout_id: str) -> dict[str, Any] | None:
-    async def finish():
-      rollout = await self.server.registry.finish(rollout_id, self.server.config.finish_timeout_s)
-      return rollout.summary() if rollout else None
-    return self.run(finish())
+    return self.run(self.server.finish_rollout(rollout_id))
 
-  def start(self) -> "ShimThread":
+  def start(self) -> "ServerThread":
     self._thread.start()
-    self.run(self.server.start())
+    try:
+      self.run(self.server.start())
+    except BaseException:
+      self._close_loop()
+      raise
     return self
 
   def stop(self) -> None:
-    self.run(self.server.stop())
+    try:
+      self.run(self.server.stop())
+    finally:
+      self._close_loop()
+
+  def _close_loop(self) -> None:
     self.loop.call_soon_threadsafe(self.loop.stop)
     self._thread.join()
     self.loop.close()
 
-  def __enter__(self) -> "ShimThread":
+  def __enter__(self) -> "ServerThread":
     return self.start()
 
   def __exit__(self, *exc) -> None:
     self.stop()
+
+
+class ShimThread(ServerThread):
+  """One ShimServer (ShimConfig.workers == 1) on its own event loop thread.
+
+  with ShimThread(config, backend, template) as shim: shim.url, shim.admin_token, shim.create_rollout(...)
+  """
+
+  def __init__(self, config: ShimConfig, backend: Backend, template: ChatTemplate,
+               profiles: dict[str, HarnessProfile] | None = None, admin_token: str | None = None):
+    if config.workers != 1:
+      raise ConfigError(f"shim.workers={config.workers}: ShimThread runs one in-process server; several "
+                        "worker processes run with clawjax.serving.front.ShimProcessPool")
+    super().__init__(ShimServer(config, backend, template, profiles, admin_token))

@@ -32,7 +32,10 @@ def test_flags_map_to_config():
   assert (limits.read_timeout_s, limits.max_connections_per_client, limits.max_json_depth,
           limits.min_free_log_bytes, limits.fsync_call_log, limits.admin_token_file) == (7, 9, 11, 1000, False, "t")
   defaults = parse_args(["--backend", "scripted", "--model", "qwen3", "--log-dir", "d"])
-  assert defaults.fsync_call_log and defaults.admin_token_file is None
+  assert defaults.fsync_call_log and defaults.admin_token_file is None and defaults.workers == 1
+  workers = parse_args(["--backend", "sglang", "--model", "qwen3", "--log-dir", "d", "--workers", "4",
+                        "--worker-start-timeout-s", "90"])
+  assert (workers.workers, workers.worker_start_timeout_s) == (4, 90)
 
 
 @pytest.mark.parametrize("event_loop,token_from_env", [("uvloop", False), ("asyncio", True)])
