@@ -8,6 +8,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -74,15 +75,21 @@ def _run_workers(out: pathlib.Path) -> list[dict]:
     log = open(out / f"worker_{i}.log", "w")
     procs.append((subprocess.Popen([sys.executable, "-m", "tests.distributed_worker", str(i), str(port), str(out)],
                                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+  deadline = time.monotonic() + 600
   try:
-    codes = [p.wait(timeout=600) for p, _ in procs]
+    # Until all exit, one fails (the other would wait for it in a collective), or the deadline.
+    while time.monotonic() < deadline and any(p.poll() is None for p, _ in procs) \
+        and not any(p.poll() for p, _ in procs):
+      time.sleep(0.5)
   finally:
     for p, log in procs:
       if p.poll() is None:
         p.kill()
+        p.wait()
       log.close()
-  tails = "\n".join(f"--- worker {i}:\n" + "\n".join((out / f"worker_{i}.log").read_text().splitlines()[-30:])
-                    for i in range(len(procs)))
+  codes = [p.returncode for p, _ in procs]
+  lines = lambda i: [l for l in (out / f"worker_{i}.log").read_text().splitlines() if not l.startswith("[Gloo]")]
+  tails = "\n".join(f"--- worker {i}:\n" + "\n".join(lines(i)[-30:]) for i in range(len(procs)))
   assert codes == [0] * len(procs), tails
   return [json.loads((out / f"result_{i}.json").read_text()) for i in range(len(procs))]
 
