@@ -30,9 +30,13 @@ import jax
 import numpy as np
 from flax import nnx
 from flax.core import spmd
+from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
+from clawjax.config import ConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
+DCN_GRANULES = ("slice", "process")
 # Batch rows are split over every axis that does not split the model's math.
 BATCH_AXES = ("data", "fsdp")
 
@@ -52,11 +56,27 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
   """Mesh axis sizes; exactly one may be -1 (= all remaining devices). The product must equal the
-  device count."""
+  device count.
+
+  On several slices (TPU multi-slice) or nodes (GPU hosts) the links between them are slower than those
+  inside one: `dcn_data` and `dcn_fsdp` say over how many of these granules the data and fsdp axes are
+  split (of their total sizes above); the mesh then comes from `mesh_utils.create_hybrid_device_mesh`,
+  which keeps tensor and expert (and the rest of data and fsdp) inside a granule. With both at 1 the
+  devices are laid out in `jax.devices()` order (one process's devices next to each other)."""
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
   expert: int = 1
+  dcn_data: int = 1
+  dcn_fsdp: int = 1
+  dcn_granule: str = "slice"  # the granule: "slice" (a TPU slice, device.slice_index) or "process" (a host)
+
+  def __post_init__(self):
+    for name in ("dcn_data", "dcn_fsdp"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"config.mesh.{name}: {getattr(self, name)} must be >= 1")
+    if self.dcn_granule not in DCN_GRANULES:
+      raise ConfigError(f"config.mesh.dcn_granule: {self.dcn_granule!r} is not one of {DCN_GRANULES}")
 
   def shape(self, n_devices: int) -> tuple[int, ...]:
     sizes = [self.data, self.fsdp, self.tensor, self.expert]
@@ -70,14 +90,26 @@ class MeshConfig:
       sizes[fill[0]] = n_devices // known
     if math.prod(sizes) != n_devices:
       raise ValueError(f"MeshConfig {self}: product {math.prod(sizes)} != {n_devices} devices")
+    for name, size, dcn in (("data", sizes[0], self.dcn_data), ("fsdp", sizes[1], self.dcn_fsdp)):
+      if size % dcn:
+        raise ValueError(f"MeshConfig {self}: {name} size {size} is not a multiple of dcn_{name}={dcn}")
     return tuple(sizes)
+
+  def dcn_shape(self) -> tuple[int, ...]:
+    """How many granules each mesh axis spans."""
+    return (self.dcn_data, self.dcn_fsdp, 1, 1)
 
 
 def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A Mesh with axes MESH_AXES over `devices` (default: all)."""
+  """A Mesh with axes MESH_AXES over `devices` (default: all, of every process)."""
   devices = list(jax.devices() if devices is None else devices)
   shape = config.shape(len(devices))
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  dcn = config.dcn_shape()
+  if math.prod(dcn) == 1:
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+  inner = tuple(size // d for size, d in zip(shape, dcn))
+  grid = mesh_utils.create_hybrid_device_mesh(inner, dcn, devices, process_is_granule=config.dcn_granule == "process")
+  return Mesh(grid, MESH_AXES)
 
 
 def _as_tuple(axes: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -179,3 +211,23 @@ def batch_sharding(mesh: Mesh, ndim: int, leading: int = 0) -> NamedSharding:
 def batch_shards(mesh: Mesh) -> int:
   """How many ways batch rows are split (the row count must be a multiple of it)."""
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def local_batch_shards(mesh: Mesh) -> int:
+  """How many of the batch's row shards this process's devices hold: the rows it prepares are a multiple
+  of it. Every process must hold rows of its own, as many as the others (no row shard on two processes),
+  since each feeds only its own rows."""
+  shards = batch_shards(mesh)
+  index_map = batch_sharding(mesh, 1).devices_indices_map((shards,))
+  owners: dict[int, set[int]] = {}  # row shard -> the processes holding it
+  for device, (rows,) in index_map.items():
+    owners.setdefault(rows.indices(shards)[0], set()).add(device.process_index)
+  shared = {row: procs for row, procs in owners.items() if len(procs) > 1}
+  counts = {p: sum(p in procs for procs in owners.values()) for p in range(jax.process_count())}
+  if shared or len(set(counts.values())) > 1:
+    raise ValueError(
+        f"mesh {dict(mesh.shape)}: the batch rows (split {shards} ways over {BATCH_AXES}) must give each of the "
+        f"{jax.process_count()} processes its own equal share; row shards per process: {counts}"
+        + (f", row shard {min(shared)} on processes {sorted(shared[min(shared)])}" if shared else "")
+        + ". Split data or fsdp across hosts and keep tensor and expert inside one")
+  return counts[jax.process_index()]

@@ -9,6 +9,9 @@ layout, so transformers, vLLM, SGLang and our own loader read it back.
 param is made with `jax.make_array_from_callback` from the regions of the safetensors tensors that its
 devices hold (`safe_open(...).get_slice`), transposing / unfusing per region, so no tensor that the mesh
 splits is ever read whole (a 30B checkpoint never materialises on one host).
+
+`save` of a model spread over several processes (clawjax.distributed) is written by all of them: each
+tensor is gathered whole once and written by one process, the files spread over the processes.
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from safetensors import safe_open
-from safetensors.flax import save_file
+from safetensors.numpy import save_file
 
-from clawjax import sharding
+from clawjax import distributed, sharding
 from clawjax.models.config import ModelConfig
 from clawjax.models.model import Decoder
 
@@ -266,48 +269,109 @@ def load(hf_dir: str | pathlib.Path, *, mesh: Mesh | None = None,
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
-def _hf_tensors(model: Decoder) -> Iterator[tuple[str, jax.Array]]:
+def _exported(model: Decoder) -> list[tuple[_Entry, jax.Array]]:
+  """Each HF tensor's entry with the param it is read from (for an expert, the param of all experts)."""
   params = {path: var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-  for entry in _entries(model.cfg):
-    w = params[entry.path]
-    if entry.expert is not None:
-      w = w[entry.expert]
-    if entry.in_dims:
-      w = w.reshape(math.prod(w.shape[:entry.in_dims]), -1).T
-    yield entry.hf_name, w
+  return [(entry, params[entry.path]) for entry in _entries(model.cfg)]
+
+
+def _nbytes(entry: _Entry, param: jax.Array) -> int:
+  shape = param.shape[1:] if entry.expert is not None else param.shape
+  return math.prod(shape) * param.dtype.itemsize
+
+
+def _hf_layout(entry: _Entry, w: np.ndarray) -> np.ndarray:
+  """One of our params (a host copy) as its HF tensor: a Linear's [in..., out...] becomes W [out, in]."""
+  if entry.in_dims:
+    w = w.reshape(math.prod(w.shape[:entry.in_dims]), -1).T
+  return np.ascontiguousarray(w)  # transposed views are not serialisable
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportFile:
+  """One safetensors file of an export: the HF tensors it holds, and the process that writes it."""
+  name: str
+  owner: int
+  tensors: tuple[str, ...]
+
+
+def _runs_up_to(sizes: Sequence[tuple[str, int]], max_bytes: int) -> list[list[str]]:
+  """Consecutive tensors in files of at most `max_bytes` (a larger tensor alone), Hugging Face's rule."""
+  files: list[list[str]] = [[]]
+  size = 0
+  for name, nbytes in sizes:
+    if size + nbytes > max_bytes and files[-1]:
+      files.append([])
+      size = 0
+    files[-1].append(name)
+    size += nbytes
+  return files
+
+
+def plan_files(sizes: Sequence[tuple[str, int]], processes: int, max_shard_bytes: int) -> list[ExportFile]:
+  """Which file holds each tensor (`sizes`: (HF name, bytes) in export order) and which process writes it.
+
+  One process: files of at most `max_shard_bytes` in order, a single one named model.safetensors.
+  Several: the tensors split into one run of consecutive tensors per process, of about equal bytes, each
+  run cut into files the same way; every file is model-i-of-n (with an index)."""
+  total = max(sum(n for _, n in sizes), 1)
+  runs: list[list[tuple[str, int]]] = [[] for _ in range(processes)]
+  done = 0
+  for name, nbytes in sizes:
+    runs[min(processes - 1, int((done + nbytes / 2) * processes / total))].append((name, nbytes))
+    done += nbytes
+  groups = [(owner, names) for owner, run in enumerate(runs) if run for names in _runs_up_to(run, max_shard_bytes)]
+  if processes == 1 and len(groups) == 1:
+    return [ExportFile("model.safetensors", 0, tuple(groups[0][1]))]
+  return [ExportFile(f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors", owner, tuple(names))
+          for i, (owner, names) in enumerate(groups)]
 
 
 def save(model: Decoder, out_dir: str | pathlib.Path, *, max_shard_bytes: int = 5 * 2**30,
          copy_files_from: str | pathlib.Path | None = None) -> pathlib.Path:
   """Writes config.json and safetensors (sharded with an index above `max_shard_bytes`, HF's default
-  5 GiB) in the HF layout; copies tokenizer/chat-template files from `copy_files_from` if given."""
+  5 GiB) in the HF layout; copies tokenizer/chat-template files from `copy_files_from` if given.
+
+  A model whose params are spread over several processes (the learner's in a multi-process run) is
+  written by all of them together: every process calls `save` with the same `out_dir`, on a filesystem
+  they all see. Each tensor is gathered whole in turn and kept only by the process that writes it
+  (`plan_files`: consecutive runs of tensors, one per process), so no process holds more than its own
+  files; process 0 writes the index, config.json and the side files. `save` returns on each process
+  once every file is written."""
   out_dir = pathlib.Path(out_dir)
+  exported = _exported(model)
+  spread = any(not param.is_fully_addressable for _, param in exported)
+  processes, me = (distributed.process_count(), distributed.process_index()) if spread else (1, 0)
   out_dir.mkdir(parents=True, exist_ok=True)
-  shards: list[dict[str, jax.Array]] = [{}]
-  size = 0
-  for name, w in _hf_tensors(model):
-    if size + w.nbytes > max_shard_bytes and shards[-1]:
-      shards.append({})
-      size = 0
-    shards[-1][name] = jnp.asarray(w)  # contiguous copy: transposed views are not serialisable
-    size += w.nbytes
-  for stale in list(out_dir.glob("*.safetensors")) + [out_dir / INDEX_FILE]:
-    stale.unlink(missing_ok=True)
-  if len(shards) == 1:
-    save_file(shards[0], out_dir / "model.safetensors", metadata={"format": "pt"})
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, out_dir / name, metadata={"format": "pt"})
-      weight_map.update(dict.fromkeys(shard, name))
-    total = sum(w.nbytes for shard in shards for w in shard.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
-  (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf_config(), indent=2) + "\n")
-  if copy_files_from is not None:
-    for name in SIDE_FILES:
-      src = pathlib.Path(copy_files_from) / name
-      if src.exists() and src.resolve() != (out_dir / name).resolve():
-        shutil.copy(src, out_dir / name)
+  if me == 0:
+    for stale in list(out_dir.glob("*.safetensors")) + [out_dir / INDEX_FILE]:
+      stale.unlink(missing_ok=True)
+  if spread:
+    distributed.sync("hf_io.save: out_dir cleared")
+  sizes = [(entry.hf_name, _nbytes(entry, param)) for entry, param in exported]
+  files = plan_files(sizes, processes, max_shard_bytes)
+  file_of = {name: f for f in files for name in f.tensors}
+  held: dict[str, dict[str, np.ndarray]] = {}
+  for entry, param in exported:
+    # Gathered on every process (a collective when spread), one expert at a time; kept by the writer only.
+    whole = distributed.gather(param if entry.expert is None else param[entry.expert])
+    f = file_of[entry.hf_name]
+    if f.owner != me:
+      continue
+    held.setdefault(f.name, {})[entry.hf_name] = _hf_layout(entry, whole)
+    if len(held[f.name]) == len(f.tensors):
+      save_file(held.pop(f.name), out_dir / f.name, metadata={"format": "pt"})
+  if me == 0:
+    if len(files) > 1 or files[0].name != "model.safetensors":
+      index = {"metadata": {"total_size": sum(n for _, n in sizes)},
+               "weight_map": {name: f.name for f in files for name in f.tensors}}
+      (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf_config(), indent=2) + "\n")
+    if copy_files_from is not None:
+      for name in SIDE_FILES:
+        src = pathlib.Path(copy_files_from) / name
+        if src.exists() and src.resolve() != (out_dir / name).resolve():
+          shutil.copy(src, out_dir / name)
+  if spread:
+    distributed.sync("hf_io.save: files written")
   return out_dir

@@ -20,7 +20,9 @@ The policy and the critic have an optimizer each (learning rates `lr` and `value
 its own gradient norm). An update whose loss or gradient is not finite is skipped: parameters and
 optimizer state are left exactly as they were.
 Params and optimizer state are laid out by clawjax.sharding's logical-axis rules; batch rows are split
-over the data and fsdp mesh axes.
+over the data and fsdp mesh axes. In a run of several processes (clawjax.distributed) the mesh spans
+every process's devices and each process prepares only its own rows (`prepare_all`); N is the weight sum
+over the global batch, so the step equals the one-process step on the same rows.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from clawjax import sharding
+from clawjax import distributed, sharding
 from clawjax.rl.config import LearnerConfig
-from clawjax.rl.device_batch import DeviceBatch, loss_slots_needed, prepare_batch
+from clawjax.rl.device_batch import BatchShape, DeviceBatch, agree_shapes, batch_shape, empty_batch, prepare_batch
 from clawjax.rl.logprobs import gather_rows, token_logprobs
 from clawjax.rl.losses import TokenInputs, check_loss, tis_weights, value_loss
 from clawjax.rl.value import values_at
@@ -138,6 +140,7 @@ class Learner:
 
     batch_sh = DeviceBatch(*[sharding.batch_sharding(self.mesh, 3, leading=1)] * len(dataclasses.fields(DeviceBatch)))
     self.batch_sharding = batch_sh
+    self._local_row_shards = sharding.local_batch_shards(self.mesh)  # the row shards this process feeds
     traced = lambda fn: sharding.under_mesh(fn, self.mesh, rules)  # activation constraints active
     self._train = jax.jit(traced(self._train_fn), in_shardings=(self.state_sharding, batch_sh, None),
                           out_shardings=(self.state_sharding, replicated), donate_argnums=0)
@@ -152,13 +155,30 @@ class Learner:
   def prepare(self, batch: PackedBatch) -> DeviceBatch:
     """Host-side: compact, pad and split a PackedBatch, then place it on the mesh. The loss slots per
     row only grow, to the most any batch so far needed (in logits_chunk steps), so that the step
-    compiles for a few shapes, not one per batch."""
+    compiles for a few shapes, not one per batch. With several processes every process calls it at the
+    same point, each with its own rows (`prepare_all`)."""
+    return self.prepare_all([batch])[0]
+
+  def prepare_all(self, batches: Sequence[PackedBatch]) -> list[DeviceBatch]:
+    """`prepare` for a list of batches: one learner step each, all in one shape of loss slots.
+
+    With several processes, every process calls it once per RL step with its own batches (its groups'
+    rows; any number, none included) and gets the same number back: the most any process passed. Batch
+    i of the global step is every process's batch i, each padded with empty rows to the rows, row length
+    and loss slots that the largest needs; a process with fewer batches contributes empty rows only. No
+    process holds the others' rows; each global array is assembled from the processes' own parts
+    (`jax.make_array_from_process_local_data`)."""
     cfg = self.cfg
-    self._loss_slots = max(self._loss_slots, loss_slots_needed(batch, cfg.normalisation, cfg.logits_chunk))
-    device_batch = prepare_batch(batch, normalisation=cfg.normalisation, micro_batches=cfg.micro_batches,
-                                 row_multiple=sharding.batch_shards(self.mesh), chunk=cfg.logits_chunk,
-                                 loss_slots=self._loss_slots)
-    return jax.device_put(device_batch, self.batch_sharding)
+    layout = dict(normalisation=cfg.normalisation, micro_batches=cfg.micro_batches,
+                  row_multiple=self._local_row_shards)
+    own = [batch_shape(b, chunk=cfg.logits_chunk, **layout) for b in batches]
+    everyone = distributed.allgather_json([dataclasses.astuple(s) for s in own])
+    shapes = agree_shapes([[BatchShape(*s) for s in shapes] for shapes in everyone])
+    self._loss_slots = max([self._loss_slots] + [s.loss_slots for s in shapes])
+    shapes = [dataclasses.replace(s, loss_slots=self._loss_slots) for s in shapes]
+    local = [prepare_batch(b, chunk=cfg.logits_chunk, shape=shape, **layout) for b, shape in zip(batches, shapes)]
+    local += [empty_batch(shape, cfg.micro_batches) for shape in shapes[len(batches):]]
+    return [jax.make_array_from_process_local_data(self.batch_sharding, b) for b in local]
 
   def step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
     """One step (epochs x minibatches updates); returns the metrics (host floats) including grad_norm,

@@ -148,3 +148,16 @@ def paths_layout(trees: list[Tree], length: int) -> PackedBatch:
     _place(a, row, 0, 1, r, tree, path, np.arange(-1, n - 1), np.arange(n), np.full(n, n),
            first.astype(np.float32), tree.trained[path].astype(np.float32))
   return _finish(a, trees)
+
+
+
+def stack_rows(rows: list[tuple[PackedBatch, int] | None], length: int) -> PackedBatch:
+  """A batch of the given rows ((batch, row index) in order; None: an empty row), each padded to `length`.
+  The per-rollout tables are left empty: the learner reads only the row arrays."""
+  a = _empty(len(rows), length)
+  for i, row in enumerate(rows):
+    if row is not None:
+      batch, r = row
+      for name in a:
+        a[name][i, :batch.shape[1]] = getattr(batch, name)[r]
+  return PackedBatch(**a, rollout_ids_N=[], group_ids_N=np.zeros(0, np.int32), rewards_N=np.zeros(0, np.float32))

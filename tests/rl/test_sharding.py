@@ -36,3 +36,19 @@ def test_batch_sharding_splits_rows_over_data_and_fsdp():
   assert sharding.batch_shards(mesh) == 4
   x = jax.device_put(jax.numpy.zeros((2, 8, 16)), s)
   assert x.addressable_shards[0].data.shape == (2, 2, 16)
+
+
+def test_dcn_fields_are_checked_and_one_process_holds_every_row_shard():
+  from clawjax.config import ConfigError
+  with pytest.raises(ConfigError, match="config.mesh.dcn_fsdp"):
+    sharding.MeshConfig(dcn_fsdp=0)
+  with pytest.raises(ConfigError, match="config.mesh.dcn_granule"):
+    sharding.MeshConfig(dcn_granule="pod")
+  with pytest.raises(ValueError, match="dcn_data=4"):
+    sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2, dcn_data=4))
+  # One process is one granule: a mesh asking for data over 2 of them cannot be built here (the
+  # 2-process test in tests/test_distributed.py builds it).
+  with pytest.raises(ValueError, match="must equal the product"):
+    sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2, dcn_data=2, dcn_granule="process"))
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
+  assert sharding.local_batch_shards(mesh) == sharding.batch_shards(mesh) == 4
