@@ -36,6 +36,10 @@ import dataclasses
 
 import numpy as np
 
+# A training step's GRPO advantages, {rollout_id: A} as JSON, beside its rollout records
+# (WORKDIR/steps/step_<k>/): what the rollout-tree viewer shows on each loss token.
+ADVANTAGES_FILE = "advantages.json"
+
 
 @dataclasses.dataclass
 class PackedBatch:
@@ -80,3 +84,7 @@ class RolloutScores:
 
   def index(self) -> dict[str, int]:
     return {rid: i for i, rid in enumerate(self.rollout_ids)}
+
+  def by_rollout(self) -> dict[str, float]:
+    """{rollout_id: advantage}: the contents of ADVANTAGES_FILE."""
+    return {rid: float(a) for rid, a in zip(self.rollout_ids, self.advantages_N)}
