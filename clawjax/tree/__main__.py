@@ -16,7 +16,7 @@ import sys
 from clawjax import calllog
 from clawjax.tree.filters import FilterConfig, filter_rollout
 from clawjax.tree.summary import summarize
-from clawjax.tree.view import Pieces, load_views, viewer_html
+from clawjax.tree.view import Pieces, load_views, token_pieces, viewer_html
 
 
 def _tokenizer_pieces(path: str) -> Pieces:
@@ -28,7 +28,7 @@ def _tokenizer_pieces(path: str) -> Pieces:
     tok = tokenizers.Tokenizer.from_file(str(file))
   except Exception as e:  # tokenizers raises a bare Exception on a missing or malformed file
     raise ValueError(f"--tokenizer {path}: cannot read {file}: {e}") from None
-  return lambda ids: tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
+  return token_pieces(tok)
 
 
 def _summarize(args: argparse.Namespace, config: FilterConfig) -> int:

@@ -12,7 +12,7 @@ log-prob of whichever call sampled it, and the rollout's advantage where the ste
 
 Above the tree: the rollout's header (task, harness, status and why it failed, score code / rubric /
 final, calls, tokens, dedup ratio, wall time) and a list of all rollouts of the page sorted by reward,
-each linking to its tree (`#r=<index>`). Node payloads are embedded as one JSON script element per node
+each linking to its tree (`#r=<index>`; `#id=<rollout id>` from outside). Node payloads are embedded as one JSON script element per node
 and parsed only when the node is clicked, so a 40-call, 64K-token rollout opens at once.
 
   page = viewer_html([rollout_view(filtered, record, pieces=decode)], title="step 3")
@@ -41,6 +41,13 @@ from clawjax.tree.summary import summarize
 # Token ids -> one display string per token (a tokenizer's decode of each id on its own).
 Pieces = Callable[[Sequence[int]], list[str]]
 
+
+
+def token_pieces(tokenizer: Any) -> Pieces:
+  """Pieces from a `tokenizers.Tokenizer`: each id decoded on its own, special tokens verbatim."""
+  return lambda ids: tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+
+
 STDERR_LINES = 12  # of a failed rollout's stderr tail shown in its header
 
 
@@ -61,7 +68,7 @@ def _role(f: FilteredRollout, call: CallRecord) -> str:
   return call.role or f.inferred.get(call.call_index) or "main"
 
 
-def _failure(record: RolloutRecord | None) -> dict[str, Any] | None:
+def failure_of(record: RolloutRecord | None) -> dict[str, Any] | None:
   """Why a rollout has no reward: the runner's reason, the harness's exit code and stderr tail."""
   if record is None or record.status == "ok":
     return None
@@ -95,7 +102,7 @@ def _header(f: FilteredRollout, record: RolloutRecord | None, advantage: float |
       "call_tokens": sum(len(c.input_ids) + len(c.output_ids) for c in calls),
       "unique_tokens": summary["unique_tokens"], "loss_tokens": summary["loss_tokens"],
       "dedup_ratio": summary["path_tokens"] / summary["unique_tokens"] if summary["unique_tokens"] else None,
-      "wall_s": wall, "failure": _failure(record),
+      "wall_s": wall, "failure": failure_of(record),
       "call_list": [{"index": c.call_index, "role": _role(f, c), "status": c.status,
                      "reason": f.reasons[c.call_index], "input": len(c.input_ids), "output": len(c.output_ids),
                      "finish": c.finish_reason, "error": (c.extra or {}).get("error"),
@@ -313,7 +320,11 @@ function row(tbl, cells, tag) {
   for (const c of cells) { if (c instanceof Node) { const td = el(tag || "td"); td.appendChild(c); tr.appendChild(td); } else tr.appendChild(el(tag || "td", {}, c)); }
   tbl.appendChild(tr); return tr;
 }
-function current() { const m = /#r=(\\d+)/.exec(location.hash); const r = m ? +m[1] : 0; return r < META.length ? r : 0; }
+function current() {
+  const byId = /#id=(.+)/.exec(location.hash);
+  if (byId) { const r = META.findIndex(v => v.header.rollout_id === decodeURIComponent(byId[1])); return r < 0 ? 0 : r; }
+  const m = /#r=(\\d+)/.exec(location.hash); const r = m ? +m[1] : 0; return r < META.length ? r : 0;
+}
 function renderList(sel) {
   const box = document.getElementById("list"); box.replaceChildren(el("h2", {}, META.length + " rollouts, by reward"));
   const t = el("table", {id: "rollouts"});

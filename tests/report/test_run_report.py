@@ -1,0 +1,87 @@
+"""The run report on a training run directory laid out as the trainer lays it out (metrics.jsonl written by
+the trainer's MetricsWriter, rollout records and call logs of two steps, config.json), checked in a real
+headless browser: no console errors or network, one chart per metric group the run has, failures by
+reason with the harness's stderr, best and worst rollouts by reward, each link opening its tree."""
+
+import json
+import pathlib
+
+import numpy as np
+
+from clawjax import calllog
+from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.report.charts import CHARTS, read_metrics, series
+from clawjax.report.run import write_report
+from clawjax.train.metrics import MetricsWriter
+from clawjax.tree import synthetic
+from experiments import report as report_cli
+
+from tests.browser import open_page
+
+STDERR = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'yaml'\n"
+
+
+def make_run(workdir: pathlib.Path, steps: int = 2, per_step: int = 5) -> dict[str, float]:
+  """A training run's files for `steps` steps; returns the last step's rewards by rollout id."""
+  rng = np.random.default_rng(0)
+  (workdir / "calls").mkdir(parents=True)
+  (workdir / "config.json").write_text(json.dumps({"model": {"init": "test-tiny", "template": None},
+                                                   "harnesses": ["mini"], "seed": 0}))
+  metrics = MetricsWriter(workdir, tensorboard=False)
+  metrics.write("sft", 1, {"nll": 2.0})
+  rewards: dict[str, float] = {}
+  for step in range(1, steps + 1):
+    step_dir = workdir / "steps" / f"step_{step}"
+    step_dir.mkdir(parents=True)
+    rewards = {}
+    with CallLogWriter(step_dir / "rollouts.jsonl") as records:
+      for k in range(per_step):
+        rid = f"s{step}-task-mini-{k}"
+        if k == per_step - 1:  # a harness that died in its sandbox
+          records.write(RolloutRecord(rid, "task", "mini", None, "failed", {
+              "reason": "the harness made no model call (exit 1)", "exit_code": 1, "stderr_tail": STDERR}))
+          continue
+        calls = synthetic.agent_rollout(rng, rollout_id=rid, task_id="task", harness="mini", prompt_len=40,
+                                        n_calls=3, tokens_per_call=20, patterns=("retry",) if k == 0 else ())
+        with CallLogWriter(workdir / "calls" / f"{rid}.jsonl") as log:
+          for c in calls:
+            log.write(c)
+        rewards[rid] = round(float(rng.uniform()), 3)
+        records.write(RolloutRecord(rid, "task", "mini", rewards[rid], "ok",
+                                    {"n_calls": len(calls), "wall_s": 1.0 + k,
+                                     "score": {"code_score": rewards[rid], "rubric_score": None,
+                                               "final_score": rewards[rid]}}))
+    metrics.write("rl", step, {"reward/mean": float(np.mean(list(rewards.values()))), "reward_harness/mini/mean": 0.5,
+                               "reward_group/task/mini/mean": 0.5, "count/calls_train": 9.0, "count/calls_retry": 1.0,
+                               "count/status_failed": 1.0, "over_branching_rate": 0.0, "drift_calls": 0.0,
+                               "tis_truncated_fraction": 0.01, "clip_fraction": 0.1, "entropy": 3.0,
+                               "approx_kl": 0.001, "grad_norm": 0.5, "tokens_per_s": 100.0, "rollout_s": 10.0,
+                               "learner_s": 2.0, "push_s": 0.1})
+  metrics.close()
+  return rewards
+
+
+def test_report_of_a_training_run_in_a_headless_browser(tmp_path):
+  workdir = tmp_path / "run"
+  rewards = make_run(workdir)
+  assert report_cli.main(["--workdir", str(workdir)]) == 0
+  rows = read_metrics(workdir)
+  expected_charts = [c.title for c in CHARTS if series(rows, c)]
+  assert "TIS truncation" in expected_charts and "cold-start SFT loss" in expected_charts
+  best = sorted(rewards, key=lambda r: -rewards[r])
+  with open_page(workdir / "report.html") as (page, errors):
+    assert page.eval_on_selector_all("figure.chart", "e => e.map(f => f.dataset.title)") == expected_charts
+    assert page.eval_on_selector_all("figure.chart svg", "e => e.length") == len(expected_charts)
+    assert page.inner_text("#failures").count("ModuleNotFoundError: No module named 'yaml'") == 1
+    assert "the harness made no model call (exit 1)" in page.inner_text("#failures")
+    listed = lambda table: page.eval_on_selector_all(f"#{table} a", "e => e.map(a => a.textContent)")
+    assert listed("best") == best[:3] and listed("worst") == best[::-1][:3]
+    assert "test-tiny" in page.inner_text("body")  # the config
+    page.click(f"#worst a")  # the worst rollout's tree
+    page.wait_for_selector("#tree svg")
+    assert page.inner_text("#head h2") == best[-1]
+    calls = calllog.load(workdir / "calls" / f"{best[-1]}.jsonl").calls[best[-1]]
+    page.click("svg g.node[data-node='0'] rect")
+    assert page.eval_on_selector_all("#tokens span", "e => e.length") > 0
+    assert page.eval_on_selector_all("svg g.node", "e => e.length") >= len(calls)
+    assert errors == []
