@@ -44,8 +44,9 @@ class EvalError(RuntimeError):
 
 
 def run_info(config: EvalConfig) -> report.RunInfo:
-  return report.RunInfo(benchmark=config.benchmark, harness=config.harness,
-                        model_label=config.label, tasks=str(config.tasks), unscored=config.unscored)
+  return report.RunInfo(benchmark=config.benchmark, harness=config.harness, model_label=config.label,
+                        tasks=str(config.tasks), unscored=config.unscored, seed=config.seed,
+                        trained_in=config.trained_in)
 
 
 def _pin_run_info(workdir: pathlib.Path, info: report.RunInfo) -> None:
