@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
       table = assemble(runs, paper_rows=not args.no_paper_rows)
       csvs[".csv"] = table.csv()
-      text = (table.markdown() + environment_legend(runs)
-              + f"\n## Over seeds\n\n{seeds_table(runs, stats, args.baseline).markdown()}"
-              + f"\n## By category, over seeds\n\n{seeds_table(runs, stats, args.baseline, categories=True).markdown()}")
+      by_seed = seeds_table(runs, stats, args.baseline)
+      by_category = seeds_table(runs, stats, args.baseline, categories=True)
+      text = (table.markdown() + environment_legend(runs) + f"\n## Over seeds\n\n{by_seed.markdown()}"
+              + f"\n## By category, over seeds\n\n{by_category.markdown()}")
   except (ResultsError, ValueError) as e:
     sys.exit(f"error: {e}")
   sys.stdout.write(text)

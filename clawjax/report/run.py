@@ -60,15 +60,19 @@ def _pieces(workdir: pathlib.Path, tokenizer: str | None) -> tuple[Pieces | None
     return None, f"tokens shown as ids: no tokenizer for {tokenizer!r} ({e})"
 
 
-def _last_step(workdir: pathlib.Path) -> tuple[str, pathlib.Path] | None:
-  """(name, rollout-record file) of the rollouts to show: the last RL step's, or an evaluation's."""
-  steps = [(int(m.group(1)), p) for p in workdir.glob("steps/step_*/rollouts.jsonl")
-           if (m := re.fullmatch(r"step_(\d+)", p.parent.name))]
+def _last_step(workdir: pathlib.Path) -> tuple[str, list[pathlib.Path]] | None:
+  """(name, rollout-record files) of the rollouts to show: the last RL step's (an asynchronous run's step
+  lists its groups in groups.json), or an evaluation's."""
+  steps = [(int(m.group(1)), p) for p in workdir.glob("steps/step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
+           and ((p / "rollouts.jsonl").is_file() or (p / "groups.json").is_file())]
   if steps:
-    k, path = max(steps)
-    return f"step_{k}", path
+    k, step_dir = max(steps)
+    if (step_dir / "rollouts.jsonl").is_file():
+      return f"step_{k}", [step_dir / "rollouts.jsonl"]
+    groups = _json(step_dir / "groups.json")
+    return f"step_{k}", [workdir / "groups" / f"{g}.jsonl" for g in groups.get("trained", [])]
   if (workdir / "rollouts.jsonl").is_file():
-    return "rollouts", workdir / "rollouts.jsonl"
+    return "rollouts", [workdir / "rollouts.jsonl"]
   return None
 
 
@@ -97,10 +101,10 @@ def _rollouts_section(workdir: pathlib.Path, tokenizer: str | None) -> str:
   found = _last_step(workdir)
   if found is None:
     return "<p>No rollout records yet.</p>"
-  name, path = found
-  records = [r for r in calllog.iter_records(path) if isinstance(r, RolloutRecord)]
+  name, paths = found
+  records = [r for path in paths for r in calllog.iter_records(path) if isinstance(r, RolloutRecord)]
   pieces, note = _pieces(workdir, tokenizer)
-  views = load_views([path], workdir=workdir, pieces=pieces, errors="collect")
+  views = load_views(paths, workdir=workdir, pieces=pieces, errors="collect")
   page = workdir / TREES_DIR / f"{name}.html"
   page.parent.mkdir(parents=True, exist_ok=True)
   page.write_text(viewer_html(views, title=f"{workdir.name}: {name}"), encoding="utf-8")
@@ -148,7 +152,8 @@ def _summary_section(workdir: pathlib.Path) -> str:
 def _details(title: str, obj: Any) -> str:
   if obj is None:
     return ""
-  return f"<details><summary>{html.escape(title)}</summary><pre>{html.escape(json.dumps(obj, indent=2))}</pre></details>"
+  text = html.escape(json.dumps(obj, indent=2))
+  return f"<details><summary>{html.escape(title)}</summary><pre>{text}</pre></details>"
 
 
 def report_html(workdir: str | os.PathLike[str], tokenizer: str | None = None) -> str:

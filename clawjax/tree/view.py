@@ -12,8 +12,9 @@ log-prob of whichever call sampled it, and the rollout's advantage where the ste
 
 Above the tree: the rollout's header (task, harness, status and why it failed, score code / rubric /
 final, calls, tokens, dedup ratio, wall time) and a list of all rollouts of the page sorted by reward,
-each linking to its tree (`#r=<index>`; `#id=<rollout id>` from outside). Node payloads are embedded as one JSON script element per node
-and parsed only when the node is clicked, so a 40-call, 64K-token rollout opens at once.
+each linking to its tree (`#r=<index>`; `#id=<rollout id>` from outside). Node payloads are embedded as
+one JSON script element per node and parsed only when the node is clicked: a page of 40-call, 64K-token
+rollouts draws their trees without decoding any token text.
 
   page = viewer_html([rollout_view(filtered, record, pieces=decode)], title="step 3")
 """
@@ -200,8 +201,10 @@ def rollout_view(filtered: FilteredRollout, record: RolloutRecord | None = None,
 
 
 def _run_records(workdir: pathlib.Path) -> Iterable[pathlib.Path]:
-  """The rollout-record files of a run directory: a training run's steps, an evaluation's rollouts."""
+  """The rollout-record files of a run directory: a training run's steps (or groups, when asynchronous),
+  its held-out evaluations, an evaluation's rollouts."""
   yield from sorted(workdir.glob("steps/step_*/rollouts.jsonl"))
+  yield from sorted(workdir.glob("groups/*.jsonl"))
   yield from sorted(workdir.glob("eval/step_*.jsonl"))
   if (workdir / "rollouts.jsonl").is_file():
     yield workdir / "rollouts.jsonl"
@@ -314,15 +317,24 @@ function svg(tag, attrs) {
   for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
   return e;
 }
-function fmt(x, d) { return x === null || x === undefined ? "-" : (typeof x === "number" ? x.toFixed(d === undefined ? 3 : d) : String(x)); }
+function fmt(x, d) {
+  if (x === null || x === undefined) return "-";
+  return typeof x === "number" ? x.toFixed(d === undefined ? 3 : d) : String(x);
+}
 function row(tbl, cells, tag) {
   const tr = el("tr");
-  for (const c of cells) { if (c instanceof Node) { const td = el(tag || "td"); td.appendChild(c); tr.appendChild(td); } else tr.appendChild(el(tag || "td", {}, c)); }
+  for (const c of cells) {
+    if (c instanceof Node) { const td = el(tag || "td"); td.appendChild(c); tr.appendChild(td); }
+    else tr.appendChild(el(tag || "td", {}, c));
+  }
   tbl.appendChild(tr); return tr;
 }
 function current() {
   const byId = /#id=(.+)/.exec(location.hash);
-  if (byId) { const r = META.findIndex(v => v.header.rollout_id === decodeURIComponent(byId[1])); return r < 0 ? 0 : r; }
+  if (byId) {
+    const r = META.findIndex(v => v.header.rollout_id === decodeURIComponent(byId[1]));
+    return r < 0 ? 0 : r;
+  }
   const m = /#r=(\\d+)/.exec(location.hash); const r = m ? +m[1] : 0; return r < META.length ? r : 0;
 }
 function renderList(sel) {
@@ -346,13 +358,16 @@ function renderHead(h) {
       ["score code / rubric / final", fmt(s.code_score) + " / " + fmt(s.rubric_score) + " / " + fmt(s.final_score)],
       ["advantage", fmt(h.advantage)], ["calls (trained)", h.calls + " (" + h.trained_calls + ")"],
       ["tokens: calls / unique kept / loss", h.call_tokens + " / " + h.unique_tokens + " / " + h.loss_tokens],
-      ["dedup ratio", fmt(h.dedup_ratio, 2)], ["leaves", h.leaves + (h.over_branching ? " (over-branching: dropped whole)" : "")],
+      ["dedup ratio", fmt(h.dedup_ratio, 2)],
+      ["leaves", h.leaves + (h.over_branching ? " (over-branching: dropped whole)" : "")],
       ["drift calls", h.drift_calls], ["wall time", fmt(h.wall_s, 1) + " s"]]) row(t, [k, v]);
   box.appendChild(t);
   if (h.failure) {
     const f = h.failure;
-    box.appendChild(el("p", {id: "failure"}, "Failed: " + f.reason + (f.exit_code !== null && f.exit_code !== undefined ? " (exit " + f.exit_code + ")" : "") +
-                                 (f.checker_error ? "; checker: " + f.checker_error : "") + (f.sandbox ? "; sandbox " + f.sandbox : "")));
+    const exit = f.exit_code !== null && f.exit_code !== undefined ? " (exit " + f.exit_code + ")" : "";
+    box.appendChild(el("p", {id: "failure"}, "Failed: " + f.reason + exit +
+                       (f.checker_error ? "; checker: " + f.checker_error : "") +
+                       (f.sandbox ? "; sandbox " + f.sandbox : "")));
     if (f.stderr_tail) box.appendChild(el("pre", {}, f.stderr_tail));
   }
   const c = el("table", {id: "calls"});
@@ -404,13 +419,15 @@ function showNode(r, i, rect) {
   box.replaceChildren(el("h3", {}, "node " + i + ": " + n.role + (n.kept ? ", kept" : ", dropped (" + n.why + ")") +
     (n.drift ? ", drift" : "")));
   box.appendChild(el("p", {}, "tokens at depth " + n.start + "-" + (n.start + n.length - 1) + "; sampled by " +
-    (n.sampled_by === null ? "no call (context)" : "call " + n.sampled_by) + "; on the path of calls " + n.calls.join(", ") +
+    (n.sampled_by === null ? "no call (context)" : "call " + n.sampled_by) +
+    "; on the path of calls " + n.calls.join(", ") +
     "; loss tokens " + n.loss_tokens + (p.advantage !== null ? "; advantage " + fmt(p.advantage) : "")));
   const toks = el("div", {id: "tokens"});
   p.ids.forEach((id, k) => {
     const span = el("span", {class: "tok" + (p.loss[k] ? " loss" : ""), "data-id": id},
                     p.text ? p.text[k] : "[" + id + "]");
-    span.title = "id " + id + (p.logp ? "; rollout logp " + p.logp[k] : "") + (p.loss[k] ? "; in the loss" : "; no loss") +
+    span.title = "id " + id + (p.logp ? "; rollout logp " + p.logp[k] : "") +
+                 (p.loss[k] ? "; in the loss" : "; no loss") +
                  (p.loss[k] && p.advantage !== null ? "; advantage " + fmt(p.advantage) : "");
     toks.appendChild(span);
   });
@@ -421,7 +438,8 @@ function showNode(r, i, rect) {
   for (let k = 0; k < shown; k++) row(t, [n.start + k, p.ids[k], p.text ? JSON.stringify(p.text[k]) : "",
     p.loss[k], p.logp ? p.logp[k] : "", p.loss[k] && p.advantage !== null ? fmt(p.advantage) : ""]);
   box.appendChild(t);
-  if (shown < p.ids.length) box.appendChild(el("p", {}, "(table shows the first " + shown + " of " + p.ids.length + " tokens)"));
+  if (shown < p.ids.length)
+    box.appendChild(el("p", {}, "(table shows the first " + shown + " of " + p.ids.length + " tokens)"));
 }
 function render() {
   const r = current();

@@ -46,7 +46,8 @@ def test_export_matches_the_policy_in_transformers(tmp_path):
   run, step_dir, policy = _run(tmp_path)
   out = tmp_path / "hf"
   assert main(["export", "--checkpoint", str(step_dir), "--out", str(out)]) == 0
-  assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+  files = {p.name for p in out.iterdir()}
+  assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
   tokens = np.random.default_rng(0).integers(0, 151_000, size=(2, 20), dtype=np.int32)
   ours = np.asarray(forward(policy, *causal_inputs(jnp.asarray(tokens))))
   hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
