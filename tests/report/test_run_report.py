@@ -85,3 +85,34 @@ def test_report_of_a_training_run_in_a_headless_browser(tmp_path):
     assert page.eval_on_selector_all("#tokens span", "e => e.length") > 0
     assert page.eval_on_selector_all("svg g.node", "e => e.length") >= len(calls)
     assert errors == []
+
+
+def test_report_of_an_evaluation_run(tmp_path):
+  """run_eval ends with the report: the evaluation summary, and the best rollout's tree with its tokens
+  decoded by the run's own tokenizer (the real mini harness and checkers; a scripted policy)."""
+  from clawjax.evaluation.runner import run_eval
+  from clawjax.serving.backends.scripted import ScriptedBackend
+  from clawjax.text.templates import load_template
+  from tests.evaluation.test_eval_run import _config, _solver
+
+  template = load_template("qwen3")
+  workdir = tmp_path / "eval"
+  run = run_eval(_config(tmp_path, task_ids=["toy_sum_numbers", "toy_rename_file"]), workdir,
+                 backend=ScriptedBackend(template, _solver(template)))
+  summary = json.loads((workdir / "summary.json").read_text())
+  best = max(run.results, key=lambda r: r.final_score)
+  with open_page(workdir / "report.html") as (page, errors):
+    overall = page.eval_on_selector_all("#evaluation tr", "e => e.map(r => r.innerText)")[-1]
+    assert overall.split("\t")[0] == "all" and overall.split("\t")[-1] == f"{summary['overall']['score']:.3f}"
+    assert page.inner_text("#best a").split("\n")[0] == best.rollout_id
+    page.click("#best a")
+    page.wait_for_selector("#tree svg")
+    assert page.inner_text("#head h2") == best.rollout_id
+    outputs = page.eval_on_selector_all(  # the nodes the policy sampled
+        "svg g.node", "e => e.filter(g => g.textContent.includes('out')).map(g => g.dataset.node)")
+    texts = []
+    for node in outputs:
+      page.click(f"svg g.node[data-node='{node}'] rect")
+      texts.append("".join(page.eval_on_selector_all("#tokens span", "e => e.map(s => s.textContent)")))
+    assert any("answer.txt" in t for t in texts) and any("Done." in t for t in texts), texts
+    assert errors == []

@@ -108,3 +108,25 @@ def test_viewer_page_in_a_headless_browser(tmp_path, capsys):
     assert page.eval_on_selector_all("#tokens span.loss", "e => e.length") == 0
     assert "dropped (retry)" in page.inner_text("#node h3")
     assert errors == []
+
+
+def test_a_large_rollout_loads_its_tokens_per_node(tmp_path):
+  """A Claude Code-sized rollout (40 calls, ~64K unique tokens): the page embeds each node's tokens as its own
+  JSON element, draws the tree without them, and a click on the longest node shows all its tokens."""
+  import numpy as np
+  from clawjax.tree import synthetic
+  calls = synthetic.agent_rollout(np.random.default_rng(0), rollout_id="big", prompt_len=20_000, n_calls=40,
+                                  tokens_per_call=1_100, patterns=("retry", "compaction"))
+  f = filter_rollout("big", calls)
+  assert f.tree.size > 60_000
+  view = rollout_view(f)
+  out = tmp_path / "big.html"
+  out.write_text(viewer_html([view]))
+  longest = max(range(len(view["nodes"])), key=lambda i: view["nodes"][i]["length"])
+  with open_page(out) as (page, errors):
+    assert page.eval_on_selector_all("script[type='application/json']", "e => e.length") == len(view["nodes"]) + 1
+    assert page.eval_on_selector_all("svg g.node", "e => e.length") == naive_counts(calls, f.over_branching)[0]
+    assert page.eval_on_selector_all("#tokens span", "e => e.length") == 0  # nothing decoded before a click
+    page.click(f"svg g.node[data-node='{longest}'] rect")
+    assert page.eval_on_selector_all("#tokens span", "e => e.length") == view["nodes"][longest]["length"]
+    assert errors == []
