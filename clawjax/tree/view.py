@@ -70,15 +70,19 @@ def _role(f: FilteredRollout, call: CallRecord) -> str:
 
 
 def failure_of(record: RolloutRecord | None) -> dict[str, Any] | None:
-  """Why a rollout has no reward: the runner's reason, the harness's exit code and stderr tail."""
-  if record is None or record.status == "ok":
+  """Why a rollout has no reward (the runner's reason, the harness's exit code and stderr tail), or why
+  its reward is a checker's or judge's failure (scored 0 with the error); None otherwise."""
+  if record is None:
     return None
   extra = record.extra or {}
-  stderr = [line for line in str(extra.get("stderr_tail") or "").splitlines() if line.strip()]
   score = extra.get("score") or {}
-  return {"reason": extra.get("reason") or "no reason recorded", "exit_code": extra.get("exit_code"),
-          "checker_error": score.get("error"), "sandbox": extra.get("sandbox"),
-          "stderr_tail": "\n".join(stderr[-STDERR_LINES:])}
+  if record.status == "ok" and not score.get("error"):
+    return None
+  stderr = [line for line in str(extra.get("stderr_tail") or "").splitlines() if line.strip()]
+  reason = extra.get("reason") or ("the checker or judge failed (scored 0)" if record.status == "ok"
+                                   else "no reason recorded")
+  return {"reason": reason, "exit_code": extra.get("exit_code"), "checker_error": score.get("error"),
+          "sandbox": extra.get("sandbox"), "stderr_tail": "\n".join(stderr[-STDERR_LINES:])}
 
 
 def _header(f: FilteredRollout, record: RolloutRecord | None, advantage: float | None) -> dict[str, Any]:

@@ -130,3 +130,19 @@ def test_a_large_rollout_loads_its_tokens_per_node(tmp_path):
     page.click(f"svg g.node[data-node='{longest}'] rect")
     assert page.eval_on_selector_all("#tokens span", "e => e.length") == view["nodes"][longest]["length"]
     assert errors == []
+
+
+def test_a_checker_crash_is_shown_with_its_error(tmp_path):
+  record = RolloutRecord("r-crash", "t", "mini", 0.0, "ok", {
+      "score": {"code_score": 0.0, "rubric_score": None, "final_score": 0.0,
+                "error": "checker exited 1 (stderr: ImportError: cannot import name 'x')"}})
+  path = tmp_path / "rollouts.jsonl"
+  with calllog.CallLogWriter(path) as writer:
+    writer.write(record)
+  (view,) = load_views([path])
+  assert view["header"]["failure"]["checker_error"].startswith("checker exited 1")
+  out = tmp_path / "page.html"
+  out.write_text(viewer_html([view]))
+  with open_page(out) as (page, errors):
+    assert "checker: checker exited 1 (stderr: ImportError" in page.inner_text("#failure")
+    assert errors == []
