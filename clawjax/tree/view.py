@@ -8,7 +8,8 @@ children. Each node says its role (main, compaction, subagent, auxiliary, a retr
 call, drift) and whether it is kept or dropped with the filter's reason (clawjax.tree.filters). Clicking
 a node shows its tokens one by one (decoded where a tokenizer is given) with the loss mask (a token
 enters the loss iff the kept tree has it sampled by a kept call, as the learner sees it), the rollout
-log-prob of whichever call sampled it, and the rollout's advantage where the step data give one.
+log-prob of whichever call sampled it, and where the step data give them the rollout's advantage and
+the learner's pi_old log-prob and TIS weight (truncated ones marked).
 
 Above the tree: the rollout's header (task, harness, status and why it failed, score code / rubric /
 final, calls, tokens, dedup ratio, wall time) and a list of all rollouts of the page sorted by reward,
@@ -27,20 +28,22 @@ import html
 import json
 import os
 import pathlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from clawjax import calllog
 from clawjax.calllog import CallRecord, RolloutRecord
-from clawjax.tree.batch import ADVANTAGES_FILE
+from clawjax.tree.batch import ADVANTAGES_FILE, LEARNER_FILE
 from clawjax.tree.build import ROOT, Trie, call_arrays
 from clawjax.tree.filters import TRAIN, FilterConfig, FilteredRollout, filter_rollout
 from clawjax.tree.summary import summarize
 
 # Token ids -> one display string per token (a tokenizer's decode of each id on its own).
 Pieces = Callable[[Sequence[int]], list[str]]
+# (call_index that sampled a loss token, its depth) -> (learner's pi_old log-prob, TIS weight, truncated?)
+LearnerTokens = Mapping[tuple[int, int], tuple[float, float, int]]
 
 
 
@@ -59,7 +62,7 @@ class _Node:
   level: int             # nodes above it
   start: int             # depth of its first token
   tokens: np.ndarray
-  loss: np.ndarray       # bool: the token enters the loss
+  owner: np.ndarray      # int32: the kept call that trains the token; -1 where none does
   passing: list[int]     # call_index of every call whose path holds the node
   ends: list[int] = dataclasses.field(default_factory=list)  # calls whose input or output ends here
   children: list[int] = dataclasses.field(default_factory=list)
@@ -137,7 +140,7 @@ def _nodes(f: FilteredRollout) -> tuple[list[_Node], dict[int, tuple[int, int]]]
   while stack:
     n, parent, level = stack.pop()
     index[n] = len(nodes)
-    nodes.append(_Node(n, parent, level, trie.start[n], trie.tokens[n], trie.owner[n] >= 0, []))
+    nodes.append(_Node(n, parent, level, trie.start[n], trie.tokens[n], trie.owner[n], []))
     if parent >= 0:
       nodes[parent].children.append(index[n])
     stack.extend((m, index[n], level + 1) for m in reversed(list(trie.children[n].values())))
@@ -178,15 +181,16 @@ def _describe(f: FilteredRollout, node: _Node, nodes: list[_Node], spans: dict[i
       e < first and e not in node.passing and spans[e][0] <= node.start < spans[e][1] for e in above)
   return {"parent": node.parent, "level": node.level, "start": node.start, "length": len(node.tokens),
           "role": role, "kept": kept, "why": why, "sampled_by": sampler, "calls": node.passing,
-          "ends": node.ends, "drift": drift, "loss_tokens": int(node.loss.sum())}, sampler
+          "ends": node.ends, "drift": drift, "loss_tokens": int((node.owner >= 0).sum())}, sampler
 
 
 def rollout_view(filtered: FilteredRollout, record: RolloutRecord | None = None, *,
-                 pieces: Pieces | None = None, advantage: float | None = None) -> dict[str, Any]:
+                 pieces: Pieces | None = None, advantage: float | None = None,
+                 learner: LearnerTokens | None = None) -> dict[str, Any]:
   """One rollout's page data: header, node records, and each node's token payload (a JSON string).
 
   `pieces` decodes the tokens (ids only without it); `advantage` is the rollout's advantage in its
-  step (GRPO: one value for all its loss tokens)."""
+  step (GRPO: one value for all its loss tokens); `learner` the learner's view of its loss tokens."""
   nodes, spans = _nodes(filtered)
   calls = {c.call_index: c for c in filtered.calls}
   drawn, payloads = [], []
@@ -198,9 +202,14 @@ def rollout_view(filtered: FilteredRollout, record: RolloutRecord | None = None,
       offset = node.start - spans[sampler][0]
       logp = [round(float(x), 5) for x in calls[sampler].output_logprobs[offset:offset + len(node.tokens)]]
     ids = node.tokens.tolist()
+    seen = None
+    if learner and info["loss_tokens"]:
+      seen = [learner.get((int(o), node.start + k)) if o >= 0 else None for k, o in enumerate(node.owner)]
+    column = lambda j: [s[j] if s else None for s in seen] if seen else None
     payloads.append(json.dumps({
-        "ids": ids, "text": pieces(ids) if pieces else None, "loss": node.loss.astype(int).tolist(),
-        "logp": logp, "advantage": advantage if info["loss_tokens"] else None}, ensure_ascii=False))
+        "ids": ids, "text": pieces(ids) if pieces else None, "loss": (node.owner >= 0).astype(int).tolist(),
+        "logp": logp, "advantage": advantage if info["loss_tokens"] else None,
+        "old": column(0), "tis": column(1), "trunc": column(2)}, ensure_ascii=False))
   return {"header": _header(filtered, record, advantage), "nodes": drawn, "payloads": payloads}
 
 
@@ -214,14 +223,21 @@ def _run_records(workdir: pathlib.Path) -> Iterable[pathlib.Path]:
     yield workdir / "rollouts.jsonl"
 
 
-def _advantages(workdir: pathlib.Path) -> dict[str, float]:
-  out: dict[str, float] = {}
-  for path in sorted(workdir.glob(f"steps/step_*/{ADVANTAGES_FILE}")):
+def _step_files(workdir: pathlib.Path, name: str) -> Iterable[Any]:
+  for path in sorted(workdir.glob(f"steps/step_*/{name}")):
     try:
-      out.update(json.loads(path.read_text(encoding="utf-8")))
+      yield json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
       raise ValueError(f"{path}: not JSON ({e})") from None
-  return out
+
+
+def _advantages(workdir: pathlib.Path) -> dict[str, float]:
+  return {rid: a for step in _step_files(workdir, ADVANTAGES_FILE) for rid, a in step.items()}
+
+
+def _learner_tokens(workdir: pathlib.Path) -> dict[str, LearnerTokens]:
+  return {rid: {(int(c), int(d)): (lp, w, t) for c, d, lp, w, t in rows}
+          for step in _step_files(workdir, LEARNER_FILE) for rid, rows in step["rollouts"].items()}
 
 
 def load_views(paths: Sequence[str | os.PathLike[str]], *, workdir: str | os.PathLike[str] | None = None,
@@ -231,10 +247,11 @@ def load_views(paths: Sequence[str | os.PathLike[str]], *, workdir: str | os.Pat
 
   With a run directory `workdir` (experiments/train.py or eval.py): a rollout record's calls come from
   WORKDIR/calls/<id>.jsonl, a call log's rollout records from the run's record files, and each
-  rollout's advantage from its step's ADVANTAGES_FILE."""
+  rollout's advantage from its step's ADVANTAGES_FILE, its learner log-probs from LEARNER_FILE."""
   files = [pathlib.Path(p) for p in paths]
   log = calllog.load(files, errors=errors)
   advantages: dict[str, float] = {}
+  learner: dict[str, LearnerTokens] = {}
   if workdir is not None:
     run = pathlib.Path(workdir)
     records = {r.rollout_id: r for f in _run_records(run) for r in calllog.iter_records(f)
@@ -245,13 +262,13 @@ def load_views(paths: Sequence[str | os.PathLike[str]], *, workdir: str | os.Pat
       log = calllog.load(files + more, errors=errors)
     for rid in wanted & set(records) - set(log.rollouts):
       log.rollouts[rid] = records[rid]
-    advantages = _advantages(run)
+    advantages, learner = _advantages(run), _learner_tokens(run)
   ids = list(rollout_ids) or log.rollout_ids()
   unknown = [rid for rid in ids if rid not in log.calls and rid not in log.rollouts]
   if unknown:
     raise ValueError(f"rollouts {unknown} are in none of {[str(f) for f in files]}")
   return [rollout_view(filter_rollout(rid, log.calls.get(rid, []), config), log.rollouts.get(rid),
-                       pieces=pieces, advantage=advantages.get(rid)) for rid in ids]
+                       pieces=pieces, advantage=advantages.get(rid), learner=learner.get(rid)) for rid in ids]
 
 
 def _script_json(obj: Any) -> str:
@@ -297,6 +314,7 @@ svg rect.dropped{stroke-dasharray:4 3;fill-opacity:.35}
 svg rect.sel{stroke:#000;stroke-width:3}
 .tok{border-right:1px dotted #ccc;white-space:pre-wrap;font-family:monospace}
 .tok.loss{background:#d8f5d0}
+.tok.trunc{text-decoration:underline wavy #c0392b}
 .legend span{display:inline-block;padding:0 6px;margin-right:4px;border-radius:3px}
 </style></head>
 <body>
@@ -428,19 +446,24 @@ function showNode(r, i, rect) {
     "; loss tokens " + n.loss_tokens + (p.advantage !== null ? "; advantage " + fmt(p.advantage) : "")));
   const toks = el("div", {id: "tokens"});
   p.ids.forEach((id, k) => {
-    const span = el("span", {class: "tok" + (p.loss[k] ? " loss" : ""), "data-id": id},
+    const span = el("span", {class: "tok" + (p.loss[k] ? " loss" : "") + (p.trunc && p.trunc[k] ? " trunc" : ""),
+                             "data-id": id},
                     p.text ? p.text[k] : "[" + id + "]");
     span.title = "id " + id + (p.logp ? "; rollout logp " + p.logp[k] : "") +
                  (p.loss[k] ? "; in the loss" : "; no loss") +
-                 (p.loss[k] && p.advantage !== null ? "; advantage " + fmt(p.advantage) : "");
+                 (p.loss[k] && p.advantage !== null ? "; advantage " + fmt(p.advantage) : "") +
+                 (p.old && p.old[k] !== null ? "; learner logp " + p.old[k] + "; TIS w " + p.tis[k] +
+                  (p.trunc[k] ? " (truncated)" : "") : "");
     toks.appendChild(span);
   });
   box.appendChild(toks);
   const t = el("table", {id: "tokentable"});
-  row(t, ["#", "id", "text", "loss", "rollout logp", "advantage"], "th");
-  const shown = Math.min(p.ids.length, 2000);
+  row(t, ["#", "id", "text", "loss", "rollout logp", "learner logp", "TIS w", "advantage"], "th");
+  const shown = Math.min(p.ids.length, 2000), has = (a, k) => a && a[k] !== null;
   for (let k = 0; k < shown; k++) row(t, [n.start + k, p.ids[k], p.text ? JSON.stringify(p.text[k]) : "",
-    p.loss[k], p.logp ? p.logp[k] : "", p.loss[k] && p.advantage !== null ? fmt(p.advantage) : ""]);
+    p.loss[k], p.logp ? p.logp[k] : "", has(p.old, k) ? p.old[k] : "",
+    has(p.tis, k) ? p.tis[k] + (p.trunc[k] ? " truncated" : "") : "",
+    p.loss[k] && p.advantage !== null ? fmt(p.advantage) : ""]);
   box.appendChild(t);
   if (shown < p.ids.length)
     box.appendChild(el("p", {}, "(table shows the first " + shown + " of " + p.ids.length + " tokens)"));
