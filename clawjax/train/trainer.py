@@ -52,7 +52,8 @@ from clawjax.train.config import TrainConfig, check_resume
 from clawjax.train.groups import CompletedGroup, Group, GroupRunner, groups_per_step, step_groups
 from clawjax.train.metrics import MetricsWriter, read_metrics
 from clawjax.train.step_data import StepData, build_step, failure_reasons, reward_metrics
-from clawjax.tree.batch import ADVANTAGES_FILE
+from clawjax.train.learner_view import write_learner_view
+from clawjax.tree.batch import ADVANTAGES_FILE, LEARNER_FILE
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +330,9 @@ class _StepTrainer:
     step_dir = trainer.workdir / "steps" / f"step_{step}"
     step_dir.mkdir(parents=True, exist_ok=True)
     (step_dir / ADVANTAGES_FILE).write_text(json.dumps(data.scores.by_rollout()) + "\n")
+    if step == cfg.steps:  # the step the report shows: its pi_old is the policy before this update
+      write_learner_view(step_dir / LEARNER_FILE, learner.policy_model(), data.rewards, trainer.workdir / "calls",
+                         cfg.learner, cfg.filters)
     t1 = time.time()
     with progress.phase(f"step {step}/{cfg.steps}: learner update ({len(data.batches)} batches)"):
       m = trainer._update(learner, data, pretrain_value=not self.cursor["value_pretrained"])

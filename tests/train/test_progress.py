@@ -8,10 +8,14 @@ import os
 import pathlib
 import subprocess
 import sys
+import urllib.parse
 
 import pytest
 
+from clawjax import calllog
 from clawjax.calllog import RolloutRecord, iter_records
+
+from tests.browser import open_page
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -46,3 +50,21 @@ def test_progress_lines_in_a_log_file(tmp_path):
     assert sorted(advantages) == sorted(r.rollout_id for r in records)
     if len({r.reward for r in records}) == 2:  # a group of two with different rewards: A = +-1
       assert sorted(round(a, 4) for a in advantages.values()) == [-1.0, 1.0]
+  # The last step's learner view: pi_old is the policy that sampled the step (a synchronous run), so the
+  # learner's log-prob of every loss token matches the engine's to float32 rounding, and TIS weighs ~1.
+  learner = json.loads((workdir / "steps" / "step_2" / "learner_tokens.json").read_text())
+  assert learner["c_bar"] == 2.0 and learner["rollouts"]
+  for rid, rows in learner["rollouts"].items():
+    calls = {c.call_index: c for c in calllog.load(workdir / "calls" / f"{rid}.jsonl").calls[rid]}
+    for call, depth, logp_old, w, truncated in rows:
+      rollout_logp = calls[call].output_logprobs[depth - len(calls[call].input_ids)]
+      assert abs(logp_old - rollout_logp) < 1e-3 and abs(w - 1.0) < 1e-2 and not truncated, (rid, call, depth)
+  # The report's tree page shows them on the rollout's loss tokens.
+  rid, rows = next(iter(learner["rollouts"].items()))
+  with open_page(workdir / "report" / "step_2.html", f"#id={urllib.parse.quote(rid, safe='')}") as (page, errors):
+    trained = page.eval_on_selector_all("svg g.node", "e => e.filter(g => g.dataset.kept === '1' && "
+                                        "g.textContent.includes('out')).map(g => g.dataset.node)")
+    page.click(f"svg g.node[data-node='{trained[0]}'] rect")
+    cells = page.eval_on_selector_all("#tokentable tr", "e => e.slice(1).map(r => r.children[5].textContent)")
+    assert cells and all(cells), cells  # a learner log-prob on every token of a trained output
+    assert errors == []
