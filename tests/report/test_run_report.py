@@ -116,3 +116,32 @@ def test_report_of_an_evaluation_run(tmp_path):
       texts.append("".join(page.eval_on_selector_all("#tokens span", "e => e.map(s => s.textContent)")))
     assert any("answer.txt" in t for t in texts) and any("Done." in t for t in texts), texts
     assert errors == []
+
+
+def test_tree_cli_on_a_run_directory(tmp_path, capsys):
+  """`python -m clawjax.tree view STEP/rollouts.jsonl --workdir RUN --rollout ID --tokenizer FILE`: the
+  rollout's calls come from RUN/calls, its advantage from the step's advantages.json, text from the file."""
+  from clawjax.text.tokenizer import load_tokenizer
+  from clawjax.tree.__main__ import main as tree_main
+
+  workdir = tmp_path / "run"
+  rewards = make_run(workdir)
+  rid = max(rewards, key=rewards.get)
+  (workdir / "steps" / "step_2" / "advantages.json").write_text(json.dumps({rid: 1.25}))
+  tokenizer = load_tokenizer("qwen3")
+  tokenizer.hf.save(str(tmp_path / "tokenizer.json"))
+  out = tmp_path / "one.html"
+  assert tree_main(["view", str(workdir / "steps" / "step_2" / "rollouts.jsonl"), "--workdir", str(workdir),
+                    "--rollout", rid, "--tokenizer", str(tmp_path / "tokenizer.json"), "--out", str(out)]) == 0
+  assert capsys.readouterr().out.strip() == f"{out}: 1 rollouts"
+  with open_page(out) as (page, errors):
+    assert page.inner_text("#head h2") == rid
+    assert "1.250" in page.inner_text("#header")  # the advantage
+    kept = page.get_attribute("svg g.node[data-kept='1'] >> nth=-1", "data-node")
+    page.click(f"svg g.node[data-node='{kept}'] rect")
+    ids = page.eval_on_selector_all("#tokens span", "e => e.map(s => +s.dataset.id)")
+    texts = page.eval_on_selector_all("#tokens span", "e => e.map(s => s.textContent)")
+    assert texts == [tokenizer.decode([i]) for i in ids]
+    assert errors == []
+  assert tree_main(["view", str(workdir / "calls"), "--rollout", "nope", "--out", str(out)]) == 1
+  assert "rollouts ['nope'] are in none of" in capsys.readouterr().err
