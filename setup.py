@@ -46,6 +46,7 @@ setuptools.setup(
             "torch==2.13.0",
             "transformers>=5.0,<6",
             "jinja2>=3.1,<4",
+            "playwright>=1.40,<2",  # drives Debian's chromium for the HTML viewer and report tests
         ],
     },
 )

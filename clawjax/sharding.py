@@ -201,6 +201,12 @@ def key_name(key: Any) -> Any:
   return str(key)
 
 
+def flat_name(path: Sequence[Any]) -> str:
+  """A pytree key path as one dotted name ("params.policy.layers.0.attn.q_proj.value"): the keys of
+  the learner's checkpoints (clawjax/rl/checkpoint.py)."""
+  return ".".join(str(key_name(k)) for k in path)
+
+
 def batch_sharding(mesh: Mesh, ndim: int, leading: int = 0) -> NamedSharding:
   """Rows split over BATCH_AXES; `leading` unsplit axes before the row axis (micro-batch index)."""
   axes = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)

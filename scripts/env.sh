@@ -33,3 +33,14 @@ ensure_bubblewrap() {
       || echo "[clawjax] bubblewrap install failed" >&2
   fi
 }
+
+# Chromium (Debian), the headless browser of the rollout-tree viewer's and the run report's tests (driven by
+# playwright with this executable; playwright's own browser downloads are never used): installed when
+# missing and this is root with apt.
+ensure_chromium() {
+  if ! command -v chromium >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "[clawjax] installing chromium" >&2
+    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+      || echo "[clawjax] chromium install failed; the browser tests will say why" >&2
+  fi
+}

@@ -4,6 +4,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
 # The sandbox of harness rollouts is bubblewrap; without it the sandbox tests skip and say why.
 ensure_bubblewrap
+# The HTML pages (tree viewer, run report) are tested in Debian's chromium; without it those tests skip and say why.
+ensure_chromium
 # Real Claude Code and OpenClaw from the npm registry (locked in third_party/, cached); their tests skip
 # only without npm.
 python -m clawjax.harness.install || echo "[clawjax] harness install failed; their tests will say why" >&2

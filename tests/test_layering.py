@@ -23,6 +23,8 @@ FORBIDDEN = {
     "tasks": {"serving", "harness", "engine", "evaluation", "train", "run", "rl", "models", "text"},
     "run": {"train", "evaluation", "rl"},
     "evaluation": {"train"},
+    # (training and evaluation both write their run's report at the end)
+    "report": {"train", "evaluation", "run", "serving", "harness", "engine", "rl"},
 }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.config import ConfigError
+from clawjax.evaluation.report import TRAINED_IN_BASES
 from clawjax.evaluation.results import STATUSES
 from clawjax.evaluation.summary import UNSCORED_CHOICES
 from clawjax.harness.adapters import ADAPTERS
@@ -33,6 +34,14 @@ class EvalConfig:
   harness: str = "openclaw"  # adapter name: openclaw, claude_code, mini
   benchmark: str = "ClawGym-Bench"  # the Table 1 column this run fills
   model_label: str | None = None  # the Table 1 row name; None: the engine model's base name
+  # Which repeat of (harness, model_label, benchmark) this run is, e.g. the training seed of the policy
+  # evaluated: tables.py averages runs of different seeds (mean, bootstrap interval over seeds) and merges
+  # runs of one seed (a benchmark split over machines). The engine's sampling seed is engine.options.seed.
+  seed: int = 0
+  # The harness the evaluated policy was RL-trained in (an adapter name; several joined by "+" for a
+  # mixed-harness run), "base" (no training) or "cold_start" (SFT only): the row of the transfer matrix
+  # (`tables.py --transfer`). None: not stated; the transfer matrix leaves the run out.
+  trained_in: str | None = None
   task_ids: tuple[str, ...] = ()  # evaluate only these tasks (`--config.task_ids=a,b`); () = all
   max_tasks: int = 0  # evaluate only the first N tasks in load order; 0 = all
   num_samples: int = 1  # rollouts per task; a task scores the mean over them
@@ -67,6 +76,10 @@ class EvalConfig:
         ("rerun_statuses", set(self.rerun_statuses) <= set(STATUSES), f"not a subset of {STATUSES}"),
         ("shim.log_dir", not self.shim.log_dir, "is set by the run (WORKDIR/calls); leave it out"),
         ("model.init", self.shim_url or self.model.init, "required unless shim_url is set"),
+        ("trained_in", self.trained_in is None or self.trained_in in TRAINED_IN_BASES
+         or set(self.trained_in.split("+")) <= set(ADAPTERS),
+         f"{self.trained_in!r} is not one of {TRAINED_IN_BASES}, a harness ({sorted(ADAPTERS)}) or harnesses "
+         "joined by '+'"),
     ]
     for field, ok, message in checks:
       if not ok:

@@ -1,13 +1,17 @@
 """Evaluation run directories, and Table 1 assembled from them next to the paper's numbers.
 
 A run directory (`experiments/eval.py --workdir`) holds `run.json` (what was evaluated: benchmark,
-harness, model label, tasks), `results.jsonl` (results.py), `rollouts.jsonl` (the rollout records),
+harness, model label, tasks, seed, trained_in), `results.jsonl` (results.py), `rollouts.jsonl` (the rollout records),
 `calls/` (the shim's call logs) and, after each run, `summary.md` / `summary.json`.
 
 Table layout (the paper's Table 1, widened): one row per (harness, model); per benchmark its score, the
 paper's score next to it (PinchBench and ClawGym-Bench), and the number of tasks that count; then one
-column per (benchmark, category). Runs of the same (harness, model, benchmark) are merged (e.g. a
-benchmark split over machines); the same task in two of them is an error. Where the runs recorded
+column per (benchmark, category). Runs of the same (harness, model, benchmark) and `seed` are merged (e.g. a
+benchmark split over machines); the same task in two of them is an error. Runs of other seeds are
+repeats: Table 1 shows the mean over seeds, `seeds_table` the mean, a bootstrap interval over seeds and n
+(stats.py), per category too, and a paired test per task against a baseline model's row;
+`transfer_tables` lays runs out by the harness the policy was trained in (`trained_in`) x the harness it
+was evaluated in. Where the runs recorded
 their environment (environment.json, clawjax/environment.py), each row also names the clawjax commit
 it ran (`+dirty` for uncommitted changes) and its environment, A, B, ... by what it ran on (package
 versions, harness and engine locks, Python); `environment_legend` says how they differ.
@@ -22,11 +26,14 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from clawjax import environment
 from clawjax.config import differences
 from clawjax.evaluation import paper
 from clawjax.evaluation.results import STATUSES, ResultsError, TaskResult, latest, load_results
-from clawjax.evaluation.summary import UNSCORED_CHOICES, BenchmarkScore, summarize
+from clawjax.evaluation.stats import StatsConfig, bootstrap_interval, paired_test
+from clawjax.evaluation.summary import UNSCORED_CHOICES, BenchmarkScore, mean_over_seeds, summarize, task_scores
 from clawjax.evaluation.table import Cell, Table
 
 RUN_FILE, RESULTS_FILE, ROLLOUTS_FILE = "run.json", "results.jsonl", "rollouts.jsonl"
@@ -41,6 +48,8 @@ class RunInfo:
   model_label: str
   tasks: str
   unscored: str = "zero"
+  seed: int = 0  # which repeat of (harness, model, benchmark): runs of other seeds are averaged over
+  trained_in: str | None = None  # the harness the policy was trained in, "base" or "cold_start" (EvalConfig)
 
   @classmethod
   def from_json(cls, obj: Any, where: str) -> "RunInfo":
@@ -52,9 +61,12 @@ class RunInfo:
         if f.default is dataclasses.MISSING:
           raise ResultsError(f"{where}: field {f.name!r}: missing")
         continue
-      if not isinstance(obj[f.name], str):
-        raise ResultsError(f"{where}: field {f.name!r}: expected a string")
-      kwargs[f.name] = obj[f.name]
+      v = obj[f.name]
+      ok = (isinstance(v, int) and not isinstance(v, bool) if f.name == "seed" else
+            v is None or isinstance(v, str) if f.name == "trained_in" else isinstance(v, str))
+      if not ok:
+        raise ResultsError(f"{where}: field {f.name!r}: expected {'an integer' if f.name == 'seed' else 'a string'}")
+      kwargs[f.name] = v
     if kwargs.get("unscored", "zero") not in UNSCORED_CHOICES:
       raise ResultsError(f"{where}: field 'unscored': not one of {UNSCORED_CHOICES}")
     return cls(**kwargs)
@@ -134,30 +146,147 @@ def environment_legend(runs: Sequence[Run]) -> str:
   return "\n".join(lines) + ("\n" if lines else "")
 
 
-def _merge(runs: Sequence[Run]) -> dict[tuple[str, str], dict[str, tuple[str, list[TaskResult]]]]:
-  """(harness, model) -> benchmark -> (unscored, results), checking that merged runs are disjoint."""
-  out: dict[tuple[str, str], dict[str, tuple[str, list[TaskResult]]]] = {}
-  seen: dict[tuple[tuple[str, str], str, tuple[str, int]], str] = {}
+@dataclasses.dataclass
+class Repeats:
+  """The runs of one (harness, model) on one benchmark: results per seed (a seed's runs merged)."""
+  unscored: str
+  by_seed: dict[int, list[TaskResult]]
+  trained_in: str | None
+
+  def seed_scores(self) -> dict[int, BenchmarkScore]:
+    return {seed: summarize(rs, self.unscored) for seed, rs in sorted(self.by_seed.items())}
+
+  def task_scores(self, category: str | None = None) -> dict[str, float]:
+    """Each task's score in [0, 1], the mean over seeds that scored it (of one category, or all)."""
+    per_seed = [task_scores((r for r in rs if category is None or r.category == category), self.unscored)
+                for rs in self.by_seed.values()]
+    tasks = sorted({t for s in per_seed for t in s})
+    return {t: float(np.mean([s[t] for s in per_seed if t in s])) for t in tasks}
+
+
+def _merge(runs: Sequence[Run]) -> dict[tuple[str, str], dict[str, Repeats]]:
+  """(harness, model) -> benchmark -> its runs by seed, checking that the runs merged into one seed are
+  disjoint and that repeats agree on `unscored` and `trained_in`."""
+  out: dict[tuple[str, str], dict[str, Repeats]] = {}
+  seen: dict[tuple[tuple[str, str], str, int, tuple[str, int]], str] = {}
   for run in runs:
-    by_bench = out.setdefault(run.info.row, {})
-    unscored, merged = by_bench.setdefault(run.info.benchmark, (run.info.unscored, []))
-    if unscored != run.info.unscored:
-      raise ResultsError(f"{run.path}: unscored={run.info.unscored!r} differs from another run of "
-                         f"{run.info.row} on {run.info.benchmark} ({unscored!r})")
+    info = run.info
+    rep = out.setdefault(info.row, {}).setdefault(info.benchmark, Repeats(info.unscored, {}, info.trained_in))
+    for field in ("unscored", "trained_in"):
+      if getattr(rep, field) != getattr(info, field):
+        raise ResultsError(f"{run.path}: {field}={getattr(info, field)!r} differs from another run of "
+                           f"{info.row} on {info.benchmark} ({getattr(rep, field)!r})")
+    merged = rep.by_seed.setdefault(info.seed, [])
     for r in run.results:
-      key = (run.info.row, run.info.benchmark, r.key)
+      key = (info.row, info.benchmark, info.seed, r.key)
       if key in seen:
-        raise ResultsError(f"task {r.task_id!r} (sample {r.sample}) of {run.info.row} on "
-                           f"{run.info.benchmark} is in both {seen[key]} and {run.path}")
+        raise ResultsError(f"task {r.task_id!r} (sample {r.sample}) of {info.row} on "
+                           f"{info.benchmark} (seed {info.seed}) is in both {seen[key]} and {run.path}")
       seen[key] = run.path
       merged.append(r)
   return out
 
 
 def scores(runs: Sequence[Run]) -> dict[tuple[str, str], dict[str, BenchmarkScore]]:
-  """(harness, model) -> benchmark -> its scores."""
-  return {row: {b: summarize(rs, unscored) for b, (unscored, rs) in by_bench.items()}
+  """(harness, model) -> benchmark -> its scores (the mean over seeds where it was repeated)."""
+  return {row: {b: mean_over_seeds(list(rep.seed_scores().values())) for b, rep in by_bench.items()}
           for row, by_bench in _merge(runs).items()}
+
+
+def _interval(values: list[float], stats: StatsConfig) -> tuple[float | None, float | None]:
+  ci = bootstrap_interval(values, stats)
+  return ci if ci is not None else (None, None)
+
+
+def _versus(a: Repeats, b: Repeats, stats: StatsConfig, category: str | None = None) -> str | None:
+  """Paired test per task of `a` against `b`: "+d.dd (p=..., n tasks)", d in points; None without
+  common tasks."""
+  sa, sb = a.task_scores(category), b.task_scores(category)
+  common = sorted(set(sa) & set(sb))
+  if not common:
+    return None
+  x, y = [sa[t] for t in common], [sb[t] for t in common]
+  delta = 100.0 * float(np.mean(x) - np.mean(y))
+  return f"{delta:+.2f} (p={paired_test(x, y, stats):.3g}, {len(common)} tasks)"
+
+
+def seeds_table(runs: Sequence[Run], stats: StatsConfig = StatsConfig(), baseline: str | None = None,
+                categories: bool = False) -> Table:
+  """One row per (harness, model, benchmark) (and category, with `categories`): n seeds, the mean over
+  seeds, its bootstrap interval over seeds, the tasks scored, the paper's number; with `baseline` (a
+  model label), a paired test per task of each row against that model's row of the same harness and
+  benchmark (and category)."""
+  merged = _merge(runs)
+  columns = ["harness", "model", "benchmark", *(["category"] if categories else []), "n", "mean",
+             f"{stats.confidence:.0%} CI low", f"{stats.confidence:.0%} CI high", "tasks",
+             *([] if categories else ["paper"]), *([f"vs {baseline}"] if baseline else [])]
+  rows: list[list[Cell]] = []
+  for (harness, model), by_bench in merged.items():
+    for bench, rep in sorted(by_bench.items()):
+      per_seed = rep.seed_scores()
+      names = sorted({c for s in per_seed.values() for c in s.categories}) if categories else [None]
+      base = merged.get((harness, baseline), {}).get(bench) if baseline and model != baseline else None
+      for category in names:
+        groups = [s.categories.get(category) if category else s.overall for s in per_seed.values()]
+        values = [g.score for g in groups if g is not None and g.score is not None]
+        row: list[Cell] = [harness, model, bench, *([category] if categories else []), len(values),
+                           float(np.mean(values)) if values else None, *_interval(values, stats),
+                           max((g.tasks for g in groups if g is not None), default=0)]
+        if not categories:
+          row.append(paper.TABLE1.get((harness, model), {}).get(bench))
+        if baseline:
+          row.append(_versus(rep, base, stats, category) if base is not None else None)
+        rows.append(row)
+  return Table(columns, rows)
+
+
+TRAINED_IN_BASES = ("base", "cold_start")  # EvalConfig.trained_in values other than harness names
+BASE = TRAINED_IN_BASES[0]
+
+
+def transfer_tables(runs: Sequence[Run], stats: StatsConfig = StatsConfig(),
+                    baseline: str = BASE) -> list[tuple[str, Table]]:
+  """(benchmark, table) per benchmark: rows = the harness the policy was trained in (EvalConfig
+  `trained_in`: a harness, "base", "cold_start"), columns = the harness it was evaluated in. A cell is
+  "mean [CI over seeds] n=seeds"; each column's "vs `baseline`" is the paired test per task against the
+  baseline row's run in that harness. Runs that do not state `trained_in` are left out; two models in one
+  cell are an error."""
+  merged = _merge([r for r in runs if r.info.trained_in is not None])
+  out = []
+  for bench in sorted({b for by in merged.values() for b in by}):
+    cells: dict[tuple[str, str], tuple[str, Repeats]] = {}
+    for (harness, model), by_bench in merged.items():
+      if bench not in by_bench:
+        continue
+      rep = by_bench[bench]
+      key = (rep.trained_in, harness)
+      if key in cells:
+        raise ResultsError(f"{bench}: models {cells[key][0]!r} and {model!r} were both trained in "
+                           f"{rep.trained_in!r} and evaluated in {harness}; pass the runs of one of them")
+      cells[key] = (model, rep)
+    trained = sorted({t for t, _ in cells}, key=lambda t: (t != baseline, t not in TRAINED_IN_BASES, t))
+    evaluated = sorted({h for _, h in cells})
+    columns = ["trained in", "model"] + [c for h in evaluated for c in (h, f"{h} vs {baseline}")]
+    rows = []
+    for t in trained:
+      models = sorted({cells[(t, h)][0] for h in evaluated if (t, h) in cells})
+      row: list[Cell] = [t, ", ".join(models)]
+      for h in evaluated:
+        if (t, h) not in cells:
+          row += [None, None]
+          continue
+        rep = cells[(t, h)][1]
+        values = [s.overall.score for s in rep.seed_scores().values() if s.overall.score is not None]
+        lo, hi = _interval(values, stats)
+        text = f"{np.mean(values):.2f}" if values else "-"
+        if lo is not None:
+          text += f" [{lo:.2f}, {hi:.2f}]"
+        row.append(f"{text} n={len(values)}")
+        base = cells.get((baseline, h))
+        row.append(_versus(rep, base[1], stats) if base is not None and t != baseline else None)
+      rows.append(row)
+    out.append((bench, Table(columns, rows)))
+  return out
 
 
 def assemble(runs: Sequence[Run], paper_rows: bool = True) -> Table:

@@ -13,7 +13,8 @@
 4. Rollouts run `concurrency` at a time, each reported to `results.jsonl` as it finishes, with a
    progress bar.
 5. `summary.md` / `summary.json` (report.py) are rewritten from the results; summary.json also says
-   which isolation the rollouts ran under, and environment.json what the run ran on.
+   which isolation the rollouts ran under, environment.json what the run ran on, config.json the
+   resolved config; then `report.html` (clawjax/report/run.py) shows it all with the rollouts' trees.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import logging
 import pathlib
 from collections.abc import Sequence
 
+from clawjax import config as config_lib
 from clawjax import tasks as task_lib
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
 from clawjax.evaluation.config import EvalConfig
 from clawjax.evaluation.results import ResultsError, ResultsWriter, TaskResult, latest, load_results
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome
+from clawjax.report.run import write_report
 from clawjax.run.session import PolicySession, RolloutJob
 from clawjax.run.start import start_run
 from clawjax.serving.backends.base import Backend
@@ -44,8 +47,9 @@ class EvalError(RuntimeError):
 
 
 def run_info(config: EvalConfig) -> report.RunInfo:
-  return report.RunInfo(benchmark=config.benchmark, harness=config.harness,
-                        model_label=config.label, tasks=str(config.tasks), unscored=config.unscored)
+  return report.RunInfo(benchmark=config.benchmark, harness=config.harness, model_label=config.label,
+                        tasks=str(config.tasks), unscored=config.unscored, seed=config.seed,
+                        trained_in=config.trained_in)
 
 
 def _pin_run_info(workdir: pathlib.Path, info: report.RunInfo) -> None:
@@ -99,7 +103,8 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   info = run_info(config)
   _pin_run_info(workdir, info)
-  isolation = start_run(config.rollout, workdir)
+  isolation = start_run(config.rollout, workdir, [config.harness])
+  (workdir / "config.json").write_text(json.dumps(config_lib.to_json(config), indent=2) + "\n")
   try:
     tasks = select_tasks(config.tasks, config.task_ids, config.max_tasks)
   except ValueError as e:  # the user's config (an unknown or duplicate id): eval.py prints it without a trace
@@ -128,4 +133,5 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   if len(run.results) != len(wanted):
     raise ResultsError(f"{results_path}: {len(wanted) - len(run.results)} rollouts have no result")
   report.write_summary(run, {"isolation": isolation})
+  write_report(workdir)
   return run

@@ -55,15 +55,44 @@ def rollout_score(r: TaskResult, unscored: str = "zero") -> float | None:
   return 0.0
 
 
+def task_scores(results: Iterable[TaskResult], unscored: str = "zero") -> dict[str, float]:
+  """Each task's score in [0, 1]: the mean over its rollouts that count (tasks with none are left out)."""
+  by_task: dict[str, list[float]] = defaultdict(list)
+  for r in results:
+    s = rollout_score(r, unscored)
+    by_task.setdefault(r.task_id, [])
+    if s is not None:
+      by_task[r.task_id].append(s)
+  return {t: sum(v) / len(v) for t, v in by_task.items() if v}
+
+
 def _group(name: str, by_task: dict[str, list[TaskResult]], unscored: str) -> GroupScore:
-  task_scores, statuses = [], Counter({s: 0 for s in STATUSES})
+  statuses = Counter({s: 0 for s in STATUSES})
   for rollouts in by_task.values():
     statuses.update(r.status for r in rollouts)
-    scores = [s for s in (rollout_score(r, unscored) for r in rollouts) if s is not None]
-    if scores:
-      task_scores.append(sum(scores) / len(scores))
-  mean = 100.0 * sum(task_scores) / len(task_scores) if task_scores else None
-  return GroupScore(name, len(task_scores), sum(statuses.values()), dict(statuses), mean)
+  scores = task_scores((r for rollouts in by_task.values() for r in rollouts), unscored)
+  mean = 100.0 * sum(scores.values()) / len(scores) if scores else None
+  return GroupScore(name, len(scores), sum(statuses.values()), dict(statuses), mean)
+
+
+def _mean_group(groups: list[GroupScore]) -> GroupScore:
+  scored = [g.score for g in groups if g.score is not None]
+  statuses = Counter({s: 0 for s in STATUSES})
+  for g in groups:
+    statuses.update(g.statuses)
+  return GroupScore(groups[0].name, max(g.tasks for g in groups), sum(g.rollouts for g in groups), dict(statuses),
+                    sum(scored) / len(scored) if scored else None)
+
+
+def mean_over_seeds(scores: list[BenchmarkScore]) -> BenchmarkScore:
+  """Repeated runs (seeds) of one benchmark as one: each score the mean of the seeds' scores, rollouts
+  and statuses summed, tasks the most any seed counted."""
+  if len(scores) == 1:
+    return scores[0]
+  names = sorted({c for s in scores for c in s.categories})
+  return BenchmarkScore(
+      overall=_mean_group([s.overall for s in scores]),
+      categories={c: _mean_group([s.categories[c] for s in scores if c in s.categories]) for c in names})
 
 
 def summarize(results: Iterable[TaskResult], unscored: str = "zero") -> BenchmarkScore:

@@ -20,12 +20,12 @@ import orbax.checkpoint as ocp
 
 from clawjax import distributed
 from clawjax.rl.learner import TrainState
-from clawjax.sharding import key_name as _key_name
+from clawjax.sharding import flat_name
 
 
 def _flat(state: TrainState) -> tuple[dict[str, Any], Any]:
   leaves, treedef = jax.tree_util.tree_flatten_with_path(state)
-  return {".".join(str(_key_name(k)) for k in path): leaf for path, leaf in leaves}, treedef
+  return {flat_name(path): leaf for path, leaf in leaves}, treedef
 
 
 class Checkpointer:

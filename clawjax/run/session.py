@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from clawjax import auth
+from clawjax import auth, progress
 from clawjax.calllog import CallLogWriter, RolloutRecord
 from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
@@ -109,10 +109,11 @@ class PolicySession:
       from clawjax.engine.engine import Engine
       from clawjax.models.loading import load_model
       from clawjax.serving.backends.embedded import engine_config
-      if policy is None:
-        model = self.cfg.model
-        policy = load_model(model.init, seed=seed, random_init=model.random_init, **model.overrides).model
-      self.engine = Engine(policy, engine_config(settings.options), version=self.version)
+      with progress.phase(f"engine: load {self.cfg.model.init if policy is None else 'the policy'} (embedded)"):
+        if policy is None:
+          model = self.cfg.model
+          policy = load_model(model.init, seed=seed, random_init=model.random_init, **model.overrides).model
+        self.engine = Engine(policy, engine_config(settings.options), version=self.version)
       return create_backend("embedded", engine=self.engine)
     backend = self._remote(settings.url)
     # Weight updates go to each engine server: those behind a router, or the one server.
@@ -136,7 +137,8 @@ class PolicySession:
 
   def __enter__(self) -> "PolicySession":
     if self.shim is not None:
-      self.shim.start()
+      with progress.phase("shim: start"):
+        self.shim.start()
       log.info("shim (%s backend) at %s, call logs in %s", self.cfg.engine.backend, self.shim.url,
                self.shim.server.config.log_dir)
     return self

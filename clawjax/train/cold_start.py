@@ -30,6 +30,7 @@ from clawjax.run.session import PolicySession, RolloutJob, chat_template
 from clawjax.serving.backends.scripted import ScriptedBackend
 from clawjax.tasks import Task
 from clawjax.train.metrics import MetricsWriter
+from clawjax.train.step_data import failure_reasons
 from clawjax.tree.batch import RolloutScores
 from clawjax.tree.build import CallTree
 from clawjax.tree.filters import FilterConfig, filter_rollout
@@ -75,9 +76,8 @@ def record_demos(cfg, tasks: list[Task], out_dir: pathlib.Path) -> tuple[list[Ca
   trees = [filter_rollout(r.rollout_id, loaded.calls.get(r.rollout_id, []), FilterConfig()).tree for r in ok]
   trees = [t for t in trees if t.size]
   if not trees:
-    reasons = sorted({str(r.extra.get("reason") or r.status) for r in loaded.rollouts.values()})
     raise RuntimeError(f"SFT: no usable demonstration among {len(jobs)} (see {out_dir}); "
-                       f"why: {'; '.join(reasons)[:2000]}")
+                       f"why: {' | '.join(failure_reasons(loaded) or ['no ok rollout has a trained call'])[:2000]}")
   log.info("SFT: %d demonstrations of %d usable", len(trees), len(jobs))
   return sorted(trees, key=lambda t: t.tokens_T.tobytes()), grpo_advantages(ok)
 

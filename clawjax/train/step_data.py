@@ -80,6 +80,7 @@ class StepData:
   groups: dict[str, tuple[str, str]]  # rollout id -> (task_id, harness)
   tree_stats: dict[str, float]     # unique/path/loss tokens, dedup ratio, leaves, drift
   staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # versions behind -> trained calls
+  failures: list[str] = dataclasses.field(default_factory=list)  # failure_reasons of the step's rollouts
 
 
 def _staleness(calls: Sequence[CallRecord], version: int) -> int:
@@ -174,7 +175,8 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   rewards = {r.rollout_id: r.reward for r in scored}
   staleness = collections.Counter(policy_version - c.policy_version for rid in kept_ids
                                   for c in loaded.calls.get(rid, []) if c.status == "ok" and c.policy_version is not None)
-  return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())))
+  return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())),
+                  failure_reasons(loaded))
 
 
 def failure_reasons(loaded: LoadedLog, limit: int = 5) -> list[str]:

@@ -36,10 +36,11 @@ import numpy as np
 from flax import nnx
 
 from clawjax import config as config_lib
-from clawjax import sharding
+from clawjax import progress, sharding
 from clawjax.calllog import CallLogWriter, LoadedLog, RolloutRecord, iter_records, load
 from clawjax.models.loading import load_model
 from clawjax.models.model import Decoder
+from clawjax.report.run import write_report
 from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
@@ -51,6 +52,8 @@ from clawjax.train.config import TrainConfig, check_resume
 from clawjax.train.groups import CompletedGroup, Group, GroupRunner, groups_per_step, step_groups
 from clawjax.train.metrics import MetricsWriter, read_metrics
 from clawjax.train.step_data import StepData, build_step, failure_reasons, reward_metrics
+from clawjax.train.learner_view import write_learner_view
+from clawjax.tree.batch import ADVANTAGES_FILE, LEARNER_FILE
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +106,7 @@ class Trainer:
     self.cfg, self.workdir = cfg, pathlib.Path(workdir)
     self.workdir.mkdir(parents=True, exist_ok=True)
     self._pin_config()
-    self.isolation = start_run(cfg.rollout, self.workdir)
+    self.isolation = start_run(cfg.rollout, self.workdir, cfg.harnesses)
     self.tasks = select_tasks(cfg.tasks, cfg.task_ids)
     self.eval_tasks = select_tasks(cfg.eval_tasks) if cfg.eval_tasks else []
     self.metrics = MetricsWriter(self.workdir, cfg.tensorboard)
@@ -199,14 +202,18 @@ class Trainer:
     t_run = time.time()
     resume = self.ckpt.latest_step()
     model = cfg.model
-    policy = load_model(model.init, seed=cfg.seed, mesh=self.mesh, random_init=model.random_init,
-                        **model.overrides).model
+    with progress.phase(f"model: load {model.init}"):
+      policy = load_model(model.init, seed=cfg.seed, mesh=self.mesh, random_init=model.random_init,
+                          **model.overrides).model
     if resume is None and cfg.sft.steps:
-      policy = self._cold_start(policy)
-    learner = self._learner(policy)
-    cursor: dict[str, Any] = {"step": 0, "value_pretrained": cfg.value_pretrain_steps == 0}
+      with progress.phase(f"cold-start SFT ({cfg.sft.steps} steps)"):
+        policy = self._cold_start(policy)
+    with progress.phase("learner: build" + (f" and restore checkpoint {resume}" if resume is not None else "")):
+      learner = self._learner(policy)
+      cursor: dict[str, Any] = {"step": 0, "value_pretrained": cfg.value_pretrain_steps == 0}
+      if resume is not None:
+        learner.state, cursor = self.ckpt.restore(learner.state)
     if resume is not None:
-      learner.state, cursor = self.ckpt.restore(learner.state)
       log.info("resuming after RL step %d (checkpoint %d)", cursor["step"], resume)
     start = int(cursor["step"])
     self.metrics.truncate("rl", start + 1)
@@ -227,6 +234,7 @@ class Trainer:
     if cfg.plot:
       from clawjax.train.plots import plot_run  # pylint: disable=import-outside-toplevel  (matplotlib)
       plot_run(self.workdir)
+    write_report(self.workdir)
     return summary
 
   def _sync_loop(self, steps: "_StepTrainer", start: int) -> None:
@@ -315,11 +323,19 @@ class _StepTrainer:
   def __init__(self, trainer: Trainer, session: PolicySession, learner: Learner, cursor: dict[str, Any]):
     self.trainer, self.session, self.learner, self.cursor = trainer, session, learner, cursor
     self.skipped_steps = 0
+    self.clock = progress.StepClock(trainer.cfg.steps)
 
   def train(self, step: int, data: StepData, extra: dict[str, float], data_path: pathlib.Path) -> None:
     trainer, cfg, learner = self.trainer, self.trainer.cfg, self.learner
+    step_dir = trainer.workdir / "steps" / f"step_{step}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    (step_dir / ADVANTAGES_FILE).write_text(json.dumps(data.scores.by_rollout()) + "\n")
+    if step == cfg.steps:  # the step the report shows: its pi_old is the policy before this update
+      write_learner_view(step_dir / LEARNER_FILE, learner.policy_model(), data.rewards, trainer.workdir / "calls",
+                         cfg.learner, cfg.filters)
     t1 = time.time()
-    m = trainer._update(learner, data, pretrain_value=not self.cursor["value_pretrained"])
+    with progress.phase(f"step {step}/{cfg.steps}: learner update ({len(data.batches)} batches)"):
+      m = trainer._update(learner, data, pretrain_value=not self.cursor["value_pretrained"])
     self.cursor["value_pretrained"] = True
     learner_s = time.time() - t1
     self.skipped_steps = self.skipped_steps + 1 if m["skipped_updates"] else 0
@@ -347,8 +363,9 @@ class _StepTrainer:
     m.update({"rollouts_ok": float(n_ok), "over_branching_rate": data.counts.get("over_branching", 0) / max(n_ok, 1),
               "learner_s": learner_s, "push_s": push_s, "policy_version": float(self.session.version)})
     trainer.metrics.write("rl", step, m)
-    log.info("step %d/%d: reward %.3f (%d/%d ok), rollouts %.0f s, learner %.1f s", step, cfg.steps,
-             m.get("reward/mean", float("nan")), n_ok, int(m["rollouts"]), m["rollout_s"], learner_s)
+    log.info("step %d/%d: reward %.3f (%d/%d ok), rollouts %.0f s, learner %.1f s, %s%s", step, cfg.steps,
+             m.get("reward/mean", float("nan")), n_ok, int(m["rollouts"]), m["rollout_s"], learner_s,
+             self.clock.tick(step), "; failures: " + " | ".join(data.failures) if data.failures else "")
     if cfg.eval_every and step % cfg.eval_every == 0:
       trainer._evaluate(self.session, step)
 

@@ -36,6 +36,14 @@ import dataclasses
 
 import numpy as np
 
+# A training step's GRPO advantages, {rollout_id: A} as JSON, beside its rollout records
+# (WORKDIR/steps/step_<k>/): what the rollout-tree viewer shows on each loss token. (With the ppo loss the
+# learner uses A_t = R - V(s_t) instead, which is not written.)
+ADVANTAGES_FILE = "advantages.json"
+# The learner's pi_old log-prob and TIS weight of each loss token of a step's best and worst rollouts
+# (clawjax/train/learner_view.py writes it for the last step), beside the advantages.
+LEARNER_FILE = "learner_tokens.json"
+
 
 @dataclasses.dataclass
 class PackedBatch:
@@ -80,3 +88,7 @@ class RolloutScores:
 
   def index(self) -> dict[str, int]:
     return {rid: i for i, rid in enumerate(self.rollout_ids)}
+
+  def by_rollout(self) -> dict[str, float]:
+    """{rollout_id: advantage}: the contents of ADVANTAGES_FILE."""
+    return {rid: float(a) for rid, a in zip(self.rollout_ids, self.advantages_N)}

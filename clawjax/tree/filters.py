@@ -85,10 +85,14 @@ class FilteredRollout:
   calls: list[CallRecord]      # every call, in call_index order
   reasons: dict[int, str]      # call_index -> TRAIN or one of DROP_REASONS
   inferred: dict[int, str]     # call_index -> "main" | "subagent" for role=null calls
-  drift_calls: int
+  drifted: tuple[int, ...]     # call_index of each drift call (its input diverged inside an earlier output)
   leaves: int                  # leaves of the kept tree (over-branching: of the tree that was dropped)
   over_branching: bool
   tree: CallTree               # the kept tree (empty when nothing is trained)
+
+  @property
+  def drift_calls(self) -> int:
+    return len(self.drifted)
 
   @property
   def trained(self) -> list[CallRecord]:
@@ -132,14 +136,14 @@ def _echoes(later_input: np.ndarray, e: _Seen, run: int) -> bool:
 
 def classify(calls: Sequence[CallRecord], config: FilterConfig = FilterConfig(),
              arrays: Mapping[int, CallArrays] | None = None
-             ) -> tuple[dict[int, str], dict[int, str], int]:
-  """(reason per call_index, inferred roles, drift_calls) for one rollout's calls.
+             ) -> tuple[dict[int, str], dict[int, str], tuple[int, ...]]:
+  """(reason per call_index, inferred roles, the drift calls' call_index) for one rollout's calls.
 
   `arrays`: `call_arrays` of each ok call by call_index, when the caller already has them.
   """
   reasons: dict[int, str] = {}
   inferred: dict[int, str] = {}
-  drift_calls = 0
+  drifted_calls: list[int] = []
   trie, main_trie = Trie(), Trie()
   out_ends: set[int] = set()
   seen: list[_Seen] = []
@@ -180,7 +184,8 @@ def classify(calls: Sequence[CallRecord], config: FilterConfig = FilterConfig(),
         e.state = "continued" if _echoes(seq[:n_in], e, config.echo_run) else "replaced"
       elif role == "compaction":
         e.state = "segment_closed"
-    drift_calls += drifted
+    if drifted:
+      drifted_calls.append(c.call_index)
     # Without model output in its history (a first call), a call attaches where its input leaves
     # the earlier tree: only a re-send of that input can replace it.
     attach = next((n for n in reversed(full_list) if n in heard), full_list[-1] if full_list else ROOT)
@@ -193,7 +198,7 @@ def classify(calls: Sequence[CallRecord], config: FilterConfig = FilterConfig(),
   for e in seen:
     if config.drop_retries and e.main_line and e.state == "replaced" and not e.merged:
       reasons[e.call.call_index] = "retry"
-  return reasons, inferred, drift_calls
+  return reasons, inferred, tuple(drifted_calls)
 
 
 def filter_rollout(rollout_id: str, calls: Sequence[CallRecord],
@@ -201,11 +206,11 @@ def filter_rollout(rollout_id: str, calls: Sequence[CallRecord],
   """Classifies the calls of one rollout and builds the tree of the trained ones."""
   calls = sorted(calls, key=lambda c: c.call_index)
   arrays = {c.call_index: call_arrays(c) for c in calls if c.status == "ok"}
-  reasons, inferred, drift_calls = classify(calls, config, arrays)
+  reasons, inferred, drifted = classify(calls, config, arrays)
   tree = build_tree(rollout_id, [c for c in calls if reasons[c.call_index] == TRAIN], arrays)
   leaves = len(tree.leaves_L)
   over = leaves > config.max_leaves
   if over:
     tree = build_tree(rollout_id, [])
   return FilteredRollout(rollout_id=rollout_id, calls=calls, reasons=reasons, inferred=inferred,
-                         drift_calls=drift_calls, leaves=leaves, over_branching=over, tree=tree)
+                         drifted=drifted, leaves=leaves, over_branching=over, tree=tree)

@@ -13,11 +13,12 @@ def result_line(task_id, category, status="ok", final=None, code=None, sample=0,
 
 
 def write_run(workdir, lines, benchmark="ClawGym-Bench", harness="openclaw", model="Qwen3-30A3B",
-              unscored="zero", tail=""):
+              unscored="zero", tail="", **info):
+  """A run directory; `info` adds run.json fields (seed, trained_in)."""
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   (workdir / "run.json").write_text(json.dumps({
       "benchmark": benchmark, "harness": harness, "model_label": model, "tasks": "tasks/",
-      "unscored": unscored}))
+      "unscored": unscored, **info}))
   (workdir / "results.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines) + tail)
   return workdir

@@ -56,6 +56,8 @@ def test_toy_config_builds():
   assert (cfg.harness, cfg.engine.backend, cfg.model.init) == ("mini", "embedded", "smollm2-135m")
   assert cfg.engine.options == {"max_slots": 2, "max_seq_len": 4096}
   assert eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["task_ids=a, b,c"]).task_ids == ("a", "b", "c")
+  mixed = eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["trained_in=mini+openclaw", "seed=2"])
+  assert (mixed.trained_in, mixed.seed) == ("mini+openclaw", 2)
 
 
 @pytest.mark.parametrize("section, message", [
@@ -67,6 +69,9 @@ def test_toy_config_builds():
     ({"rollout": {"judge": {"url": "http://judge/v1"}}},
      r"config.rollout.judge: \['model'\] must be set"),
     ({"rollout": {"sandbox": {"mode": "docker"}}}, r"config.rollout.sandbox: .*mode"),
+    ({"trained_in": "codex"}, r"config.trained_in: 'codex' is not one of \('base', 'cold_start'\), a harness"),
+    ({"trained_in": "mini+codex"}, r"config.trained_in: 'mini\+codex'"),
+    ({"seed": "one"}, r"config.seed: expected int, got str"),
 ])
 def test_bad_fields_name_their_path(section, message):
   with pytest.raises(ConfigError, match=message):

@@ -4,13 +4,16 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 
-from clawjax.evaluation.report import assemble, load_run
+from clawjax.evaluation.report import assemble, load_run, seeds_table
 from clawjax.evaluation.results import ResultsError, ResultsWriter, load_results
+from clawjax.evaluation.stats import StatsConfig, paired_test
 from experiments import tables
 
 from tests.evaluation.helpers import result_line, write_run
+from tests.evaluation.test_stats import exact_bootstrap_quantile
 
 
 @pytest.fixture
@@ -101,3 +104,60 @@ def test_rows_name_their_commit_and_environments_that_differ(tmp_path, capsys):
   assert (rows["SmolLM2-135M"]["commit"], rows["SmolLM2-135M"]["environment"]) == ("0123456789+dirty", "B")
   tables.main(["--runs", str(a), str(b), "--no-paper-rows"])
   assert "- environment B differs from A in packages.jax: '0.10.2' -> '0.11.0'" in capsys.readouterr().out
+
+
+def _seed_runs(tmp_path, model, scores_by_seed, **info):
+  """One run per seed; each seed's per-task scores {task: (category, score)}."""
+  return [write_run(tmp_path / f"{model}-{seed}", [result_line(t, c, final=v) for t, (c, v) in tasks.items()],
+                    model=model, seed=seed, **info)
+          for seed, tasks in scores_by_seed.items()]
+
+
+def test_rows_over_seeds_have_mean_bootstrap_interval_and_n(tmp_path, capsys):
+  rng = np.random.default_rng(3)
+  tasks = {f"t{i}": ("coding" if i < 6 else "office") for i in range(10)}
+  # Five seeds of one row; one seed of another row (no interval).
+  seeds = {s: {t: (c, float(rng.choice([0.0, 0.5, 1.0]))) for t, c in tasks.items()} for s in range(5)}
+  base = {0: {t: (c, 0.5 if c == "coding" else 0.0) for t, c in tasks.items()}}
+  runs = [load_run(d) for d in _seed_runs(tmp_path, "Qwen3-30A3B", seeds) + _seed_runs(tmp_path, "base-model", base)]
+  per_seed = [100 * np.mean([v for _, v in s.values()]) for s in seeds.values()]
+  table = seeds_table(runs, StatsConfig(samples=20_000), baseline="base-model")
+  rows = {r[1]: dict(zip(table.columns, r)) for r in table.rows}
+  row = rows["Qwen3-30A3B"]
+  assert (row["n"], row["tasks"], row["paper"]) == (5, 10, 45.11)
+  assert row["mean"] == pytest.approx(np.mean(per_seed))
+  assert exact_bootstrap_quantile(per_seed, 0.02) <= row["95% CI low"] <= exact_bootstrap_quantile(per_seed, 0.03)
+  assert exact_bootstrap_quantile(per_seed, 0.97) <= row["95% CI high"] <= exact_bootstrap_quantile(per_seed, 0.98)
+  base_row = rows["base-model"]
+  assert (base_row["n"], base_row["95% CI low"], base_row["vs base-model"]) == (1, None, None)
+  # The paired test per task: each task's mean over seeds against the baseline's.
+  mine = [np.mean([seeds[s][t][1] for s in seeds]) for t in tasks]
+  theirs = [base[0][t][1] for t in tasks]
+  delta = 100 * (np.mean(mine) - np.mean(theirs))
+  assert row["vs base-model"] == f"{delta:+.2f} (p={paired_test(mine, theirs, StatsConfig()):.3g}, 10 tasks)"
+  # Categories: the mean over seeds of each seed's category score.
+  cats = seeds_table(runs, StatsConfig(), categories=True)
+  office = next(dict(zip(cats.columns, r)) for r in cats.rows if r[1] == "Qwen3-30A3B" and r[3] == "office")
+  assert office["mean"] == pytest.approx(np.mean([100 * np.mean([v for c, v in s.values() if c == "office"])
+                                                   for s in seeds.values()]))
+  assert office["n"] == 5 and office["tasks"] == 4
+  # Table 1 shows the mean over seeds; the CLI prints all three tables.
+  t1 = {tuple(r[:2]): dict(zip(assemble(runs).columns, r)) for r in assemble(runs).rows}
+  assert t1[("OpenClaw", "Qwen3-30A3B")]["ClawGym-Bench"] == pytest.approx(np.mean(per_seed))
+  tables.main(["--runs", *(r.path for r in runs), "--no-paper-rows", "--baseline", "base-model"])
+  out = capsys.readouterr().out
+  assert "## Over seeds" in out and "## By category, over seeds" in out
+  assert "| OpenClaw | Qwen3-30A3B | ClawGym-Bench | 5 |" in out
+
+
+def test_repeats_must_agree_and_a_seed_may_be_split(tmp_path):
+  a = write_run(tmp_path / "a", [result_line("t1", "c", final=1.0)], seed=1)
+  b = write_run(tmp_path / "b", [result_line("t2", "c", final=0.0)], seed=1)  # seed 1's other half
+  c = write_run(tmp_path / "c", [result_line("t1", "c", final=0.0)], seed=2, trained_in="openclaw")
+  rows = seeds_table([load_run(a), load_run(b)]).rows
+  assert [(r[3], r[4], r[5]) for r in rows] == [(1, 50.0, None)]
+  with pytest.raises(ResultsError, match="trained_in='openclaw' differs"):
+    seeds_table([load_run(a), load_run(c)])
+  bad = write_run(tmp_path / "bad", [], seed="one")
+  with pytest.raises(ResultsError, match="field 'seed': expected an integer"):
+    load_run(bad)
