@@ -19,12 +19,13 @@ from tests.train.test_e2e import CHECK_PY, REWARD_SH
 
 
 class SlowOnTask(adapters.Mini):
-  """The mini harness, 6 s late to start on one task: that task's group straggles."""
+  """The mini harness, 20 s late to start on one task (far longer than a whole group of the others takes,
+  even on a loaded machine): that task's group straggles."""
   name = "slow_mini"
 
   def command(self, base_url, api_key, prompt, home, options):
     cmd = super().command(base_url, api_key, prompt, home, options)
-    delay = 6 if "SLOW" in prompt else 0
+    delay = 20 if "SLOW" in prompt else 0
     return dataclasses.replace(cmd, argv=["/bin/sh", "-c", f'sleep {delay}; exec "$@"', "sh", *cmd.argv])
 
 
