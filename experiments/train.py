@@ -41,7 +41,11 @@ def main(args: config_lib.Args) -> None:
     return
   if not _WORKDIR.value:
     sys.exit("error: --workdir is required")
-  print(json.dumps(train(cfg, _WORKDIR.value)), flush=True)
+  try:
+    summary = train(cfg, _WORKDIR.value)
+  except config_lib.ConfigError as e:  # found once the run looks at its workdir (a resume's config.json)
+    sys.exit(f"error: {e}")
+  print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

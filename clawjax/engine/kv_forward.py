@@ -141,7 +141,7 @@ class KVRunner:
     graphdef, _, _ = nnx.split(model, nnx.PathContains("layers"), ...)
     self.programs = Programs(graphdef, layer_defs.pop(), len(model.layers))
     self._full_graphdef = nnx.graphdef(model)
-    self.device = jax.devices()[0]
+    self.device = jax.local_devices()[0]  # (in a multi-process run, global device 0 is process 0's)
     self._template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), nnx.state(model))
 
   @property

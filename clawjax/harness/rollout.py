@@ -33,7 +33,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clawjax.calllog import CallLogWriter, RolloutRecord
@@ -155,15 +155,16 @@ def task_source_path(task: Task) -> pathlib.Path:
 
 def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: RolloutConfig,
                 writer: CallLogWriter | None = None, rollout_id: str | None = None, *,
-                admin_token: str | None = None) -> RolloutOutcome:
+                admin_token: str | None = None, record_extra: Mapping[str, Any] | None = None) -> RolloutOutcome:
   """Runs one rollout; never raises for a harness, sandbox or shim failure (they become the status).
-  `admin_token` opens the shim's control routes."""
+  `admin_token` opens the shim's control routes; `record_extra` goes into the record's `extra` (e.g.
+  which process of a run ran it)."""
   adapter = get_adapter(harness) if isinstance(harness, str) else harness
   rollout_id = rollout_id or f"r-{secrets.token_hex(16)}"
   client = ShimClient(shim_url, config.http_timeout_s, admin_token)
   rollout_dir = rundirs.current_run().dir(rundirs.rollouts_root(config.work_root)) / rollout_id
   rollout_dir.mkdir()
-  extra: dict[str, Any] = {"task_source": task.source, "sandbox_mode": config.sandbox.mode}
+  extra: dict[str, Any] = {"task_source": task.source, "sandbox_mode": config.sandbox.mode, **(record_extra or {})}
   calls: list[dict[str, Any]] = []
   status, reward, registered, finished = "failed", None, False, False
   t0 = time.time()

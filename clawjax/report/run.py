@@ -63,14 +63,15 @@ def _pieces(workdir: pathlib.Path, tokenizer: str | None) -> tuple[Pieces | None
 def _last_step(workdir: pathlib.Path) -> tuple[str, list[pathlib.Path]] | None:
   """(name, rollout-record files) of the rollouts to show: the last RL step's (an asynchronous run's step
   lists its groups in groups.json), or an evaluation's."""
+  # (A multi-process run's files carry their process: rollouts.process_<i>.jsonl, groups.process_<i>.json.)
   steps = [(int(m.group(1)), p) for p in workdir.glob("steps/step_*") if (m := re.fullmatch(r"step_(\d+)", p.name))
-           and ((p / "rollouts.jsonl").is_file() or (p / "groups.json").is_file())]
+           and (any(p.glob("rollouts*.jsonl")) or any(p.glob("groups*.json")))]
   if steps:
     k, step_dir = max(steps)
-    if (step_dir / "rollouts.jsonl").is_file():
-      return f"step_{k}", [step_dir / "rollouts.jsonl"]
-    groups = _json(step_dir / "groups.json")
-    return f"step_{k}", [workdir / "groups" / f"{g}.jsonl" for g in groups.get("trained", [])]
+    if any(step_dir.glob("rollouts*.jsonl")):
+      return f"step_{k}", sorted(step_dir.glob("rollouts*.jsonl"))
+    trained = [g for f in sorted(step_dir.glob("groups*.json")) for g in _json(f).get("trained", [])]
+    return f"step_{k}", [p for g in trained for p in workdir.glob(f"groups/**/{g}.jsonl")]
   if (workdir / "rollouts.jsonl").is_file():
     return "rollouts", [workdir / "rollouts.jsonl"]
   return None

@@ -81,8 +81,10 @@ class PolicySession:
 
   def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None, version: int = 0,
                backend: Backend | None = None, shim_url: str | None = None,
-               shim_token_file: str | None = None, seed: int = 0, workdir: str | pathlib.Path | None = None):
+               shim_token_file: str | None = None, seed: int = 0, workdir: str | pathlib.Path | None = None,
+               process_index: int = 0):
     self.cfg = cfg
+    self.process_index = process_index  # which process of a multi-process run this session serves
     self.engine = None
     self.shim: ShimThread | None = None
     self.version = version
@@ -158,11 +160,11 @@ class PolicySession:
     rid = rollout_id(label, job)
     try:
       return run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
-                         admin_token=self.admin_token)
+                         admin_token=self.admin_token, record_extra={"process_index": self.process_index})
     except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
       log.exception("rollout %s crashed", rid)
       record = RolloutRecord(rid, job.task.task_id, job.harness, None, "failed",
-                             {"reason": f"{type(e).__name__}: {e}"})
+                             {"reason": f"{type(e).__name__}: {e}", "process_index": self.process_index})
       writer.write(record)
       return RolloutOutcome(record, None, [])
 
@@ -187,11 +189,21 @@ class PolicySession:
       if got != version:
         raise PolicyUpdateError(f"embedded engine reports weight version {got} after the push of version {version}")
     else:
-      from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel  (JAX)
+      # pylint: disable=import-outside-toplevel  (JAX)
+      from clawjax import distributed
+      from clawjax.models import hf_io
       out = self._export_root / f"version_{version}"
-      hf_io.save(model, out)
-      for target in self._update_targets:  # every replica holds the new weights before any rollout
-        self._update(target, str(out), version)
+      hf_io.save(model, out)  # in a multi-process run every process writes its share of the tensors
+      problem = None
+      if distributed.is_primary():  # the engines are the run's, not a process's: one process updates them
+        try:
+          for target in self._update_targets:  # every replica holds the new weights before any rollout
+            self._update(target, str(out), version)
+        except PolicyUpdateError as e:
+          problem = str(e)
+      problems = [p for p in distributed.allgather_json(problem) if p]
+      if problems:
+        raise PolicyUpdateError(problems[0])
     self.version = version
     return version
 

@@ -21,8 +21,10 @@ from clawjax.harness.rollout import RolloutConfig
 log = logging.getLogger(__name__)
 
 
-def start_run(rollout: RolloutConfig, workdir: str | pathlib.Path, harnesses: Sequence[str] = ()) -> dict[str, Any]:
-  """Returns the isolation harnesses will run under (sandbox.isolation), for the run's summary."""
+def start_run(rollout: RolloutConfig, workdir: str | pathlib.Path, harnesses: Sequence[str] = (),
+              record_environment: bool = True) -> dict[str, Any]:
+  """Returns the isolation harnesses will run under (sandbox.isolation), for the run's summary.
+  `record_environment`: write environment.json (one process of a multi-process run does)."""
   try:
     isolation = sandbox.isolation(rollout.sandbox)
   except sandbox.SandboxError as e:
@@ -32,7 +34,8 @@ def start_run(rollout: RolloutConfig, workdir: str | pathlib.Path, harnesses: Se
                 "other rollouts' files", rollout.sandbox.mode, isolation["sandbox_fallback"] or "asked for")
   for path in rundirs.remove_leftovers(rollout.work_root):
     log.info("removed %s, left by a run that was killed", path)
-  environment.write_environment(workdir)
+  if record_environment:
+    environment.write_environment(workdir)
   for name in harnesses:
     try:
       with progress.phase(f"harness {name}: install"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.config import ConfigError
+from clawjax.distributed import DistributedConfig
 from clawjax.harness.adapters import ADAPTERS
 from clawjax.harness.rollout import RolloutConfig
 from clawjax.rl.config import LearnerConfig
@@ -37,7 +38,7 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
                      "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root")
+                     "rollout.work_root", "distributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,11 @@ class TrainConfig:
   max_skipped_steps: int = 3
   model: ModelSettings = ModelSettings()
   engine: EngineSettings = EngineSettings()
-  mesh: MeshConfig = MeshConfig(data=1)     # learner mesh; without a -1 axis the first devices are used
+  # The learner's mesh: every device of every process by default (data parallel); without a -1 axis,
+  # the first devices (one process only).
+  mesh: MeshConfig = MeshConfig(data=-1)
+  # Several processes (one per host, the same command on each): clawjax.distributed.DistributedConfig.
+  distributed: DistributedConfig = DistributedConfig()
   shim: ShimConfig = dataclasses.field(default_factory=lambda: ShimConfig(log_dir=""))
   rollout: RolloutConfig = RolloutConfig()
   filters: FilterConfig = FilterConfig()

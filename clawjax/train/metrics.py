@@ -39,10 +39,15 @@ def read_metrics(workdir: str | os.PathLike, phase: str | None = None) -> list[d
 class MetricsWriter:
   """Appends metrics lines (flushed per line) and TensorBoard scalars under `<phase>/<name>`."""
 
-  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True):
+  def __init__(self, workdir: str | os.PathLike, tensorboard: bool = True, enabled: bool = True):
+    """`enabled`: False for the processes of a multi-process run other than process 0, which writes
+    the run's metrics once (then every method does nothing)."""
     self.path = pathlib.Path(workdir) / METRICS_FILE
+    self.enabled = enabled
+    self._tb = self._fh = None
+    if not enabled:
+      return
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       self._tb = SummaryWriter(str(self.path.parent / TB_DIR))
@@ -50,6 +55,8 @@ class MetricsWriter:
 
   def truncate(self, phase: str, from_step: int) -> None:
     """Forgets the lines of `phase` at step >= from_step (they are about to be redone)."""
+    if not self.enabled:
+      return
     keep = [r for r in read_metrics(self.path.parent) if r.get("phase") != phase or r["step"] < from_step]
     self._fh.close()
     with open(self.path, "w", encoding="utf-8") as fh:
@@ -57,6 +64,8 @@ class MetricsWriter:
     self._fh = open(self.path, "a", encoding="utf-8")
 
   def write(self, phase: str, step: int, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
     clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
     self._fh.write(json.dumps({"step": step, "phase": phase, "time": time.time(), **clean}) + "\n")
     self._fh.flush()
@@ -66,6 +75,7 @@ class MetricsWriter:
       self._tb.flush()
 
   def close(self) -> None:
-    self._fh.close()
+    if self._fh is not None:
+      self._fh.close()
     if self._tb is not None:
       self._tb.close()

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -78,7 +79,7 @@ class StepData:
   counts: dict[str, int]           # exclusions and call reasons, see the module docstring
   rewards: dict[str, float]        # per rollout id (all scored rollouts, trained or not)
   groups: dict[str, tuple[str, str]]  # rollout id -> (task_id, harness)
-  tree_stats: dict[str, float]     # unique/path/loss tokens, dedup ratio, leaves, drift
+  tree_stats: dict[str, float]     # sums: trained rollouts, unique/path/loss tokens, leaves, drift, groups
   staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # versions behind -> trained calls
   failures: list[str] = dataclasses.field(default_factory=list)  # failure_reasons of the step's rollouts
 
@@ -159,14 +160,12 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   layout = dict(row_len=batch.row_len, rows=batch.rows)
   batches = [pack_trees(part, scores, share_prompts=batch.share_prompts, **layout)
              for part in split_for_rows(kept, scores=scores, share_prompts=batch.share_prompts, **layout)]
-  unique = sum(t.size for t in kept)
-  tree_stats = {
+  tree_stats = {  # sums, so that processes' steps add up (step_metrics derives the ratios)
       "trained_rollouts": float(len(kept)),
-      "unique_tokens": float(unique),
+      "unique_tokens": float(sum(t.size for t in kept)),
+      "path_tokens": float(sum(t.path_tokens() for t in kept)),
       "loss_tokens": float(sum(int((t.owner_T >= 0).sum()) for t in kept)),
-      # path tokens / unique tokens: how much the tree layout saves over one row per path.
-      "tree_dedup_ratio": sum(t.path_tokens() for t in kept) / max(unique, 1),
-      "leaves_mean": sum(kept_filter[rid].leaves for rid in kept_ids) / max(len(kept_ids), 1),
+      "leaves": float(sum(kept_filter[rid].leaves for rid in kept_ids)),
       "drift_calls": float(sum(kept_filter[rid].drift_calls for rid in kept_ids)),
       "singleton_groups": float(scores.singleton_groups),
       "zero_variance_groups": float(scores.zero_variance_groups),
@@ -196,21 +195,49 @@ def failure_reasons(loaded: LoadedLog, limit: int = 5) -> list[str]:
   return [f"{n} x {reason}" for reason, n in reasons.most_common(limit)]
 
 
-def reward_metrics(data: StepData) -> dict[str, float]:
-  """Mean/std of the reward over all scored rollouts, per harness and per (task, harness) group."""
+def summary(data: StepData) -> dict[str, Any]:
+  """What a step's metrics are made of, as JSON: each process of a multi-process run has its own, and
+  `step_metrics` merges them."""
+  return {"rewards": data.rewards, "groups": {rid: list(g) for rid, g in data.groups.items() if rid in data.rewards},
+          "counts": data.counts, "tree": data.tree_stats, "staleness": {str(k): v for k, v in data.staleness.items()},
+          "failures": data.failures}
+
+
+def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
+  """The rollout-side metrics of a step from its processes' summaries: reward mean/std over all scored
+  rollouts, per harness and per (task, harness) group; exclusions and calls by reason; tree sizes and
+  ratios; the staleness histogram of the trained calls."""
   out: dict[str, float] = {}
+  rewards = {rid: r for s in summaries for rid, r in s["rewards"].items()}
+  groups = {rid: g for s in summaries for rid, g in s["groups"].items()}
 
   def add(prefix: str, values: list[float]) -> None:
     out[f"{prefix}mean"] = float(np.mean(values))
     out[f"{prefix}std"] = float(np.std(values))
 
-  if data.rewards:
-    add("reward/", list(data.rewards.values()))
+  if rewards:
+    add("reward/", list(rewards.values()))
   by: dict[str, list[float]] = collections.defaultdict(list)
-  for rid, r in data.rewards.items():
-    task, harness = data.groups[rid]
+  for rid, r in rewards.items():
+    task, harness = groups[rid]
     by[f"reward_harness/{harness}/"].append(r)
     by[f"reward_group/{task}/{harness}/"].append(r)
   for prefix, values in sorted(by.items()):
     add(prefix, values)
+  counts = collections.Counter()
+  tree = collections.Counter()
+  staleness = collections.Counter()
+  for s in summaries:
+    counts.update(s["counts"])
+    tree.update(s["tree"])
+    staleness.update(s["staleness"])
+  out.update({f"count/{k}": float(v) for k, v in sorted(counts.items())})
+  out.update({k: float(tree[k]) for k in ("trained_rollouts", "unique_tokens", "loss_tokens", "drift_calls",
+                                          "singleton_groups", "zero_variance_groups")})
+  # path tokens / unique tokens: how much the tree layout saves over one row per path.
+  out["tree_dedup_ratio"] = tree["path_tokens"] / max(tree["unique_tokens"], 1)
+  out["leaves_mean"] = tree["leaves"] / max(tree["trained_rollouts"], 1)
+  out["rollouts_ok"] = float(len(rewards))
+  out["over_branching_rate"] = counts.get("over_branching", 0) / max(len(rewards), 1)
+  out.update({f"staleness/{k}": float(v) for k, v in sorted(staleness.items(), key=lambda kv: int(kv[0]))})
   return out

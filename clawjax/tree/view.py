@@ -216,15 +216,17 @@ def rollout_view(filtered: FilteredRollout, record: RolloutRecord | None = None,
 def _run_records(workdir: pathlib.Path) -> Iterable[pathlib.Path]:
   """The rollout-record files of a run directory: a training run's steps (or groups, when asynchronous),
   its held-out evaluations, an evaluation's rollouts."""
-  yield from sorted(workdir.glob("steps/step_*/rollouts.jsonl"))
-  yield from sorted(workdir.glob("groups/*.jsonl"))
+  # (A multi-process run's files carry their process: rollouts.process_<i>.jsonl, groups/process_<i>/.)
+  yield from sorted(workdir.glob("steps/step_*/rollouts*.jsonl"))
+  yield from sorted(workdir.glob("groups/**/*.jsonl"))
   yield from sorted(workdir.glob("eval/step_*.jsonl"))
   if (workdir / "rollouts.jsonl").is_file():
     yield workdir / "rollouts.jsonl"
 
 
 def _step_files(workdir: pathlib.Path, name: str) -> Iterable[Any]:
-  for path in sorted(workdir.glob(f"steps/step_*/{name}")):
+  stem, _, suffix = name.partition(".")
+  for path in sorted(workdir.glob(f"steps/step_*/{stem}*.{suffix}")):
     try:
       yield json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
@@ -257,7 +259,7 @@ def load_views(paths: Sequence[str | os.PathLike[str]], *, workdir: str | os.Pat
     records = {r.rollout_id: r for f in _run_records(run) for r in calllog.iter_records(f)
                if isinstance(r, RolloutRecord)}
     wanted = set(rollout_ids) or set(log.rollout_ids())
-    more = [p for rid in sorted(wanted - set(log.calls)) if (p := run / "calls" / f"{rid}.jsonl").is_file()]
+    more = [p for rid in sorted(wanted - set(log.calls)) for p in run.glob(f"calls/**/{rid}.jsonl")]
     if more:
       log = calllog.load(files + more, errors=errors)
     for rid in wanted & set(records) - set(log.rollouts):

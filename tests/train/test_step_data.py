@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from clawjax.calllog import CallLogWriter, LoadedLog, load
-from clawjax.train.step_data import BatchConfig, build_step, reward_metrics
+from clawjax.train.step_data import BatchConfig, build_step, step_metrics, summary
 from clawjax.tree.filters import FilterConfig, filter_rollout
 from clawjax.tree.synthetic import agent_group
 
@@ -50,7 +50,7 @@ def test_mix_harness_groups_never_mix():
     for i, a in enumerate(_reference(rewards)):
       (value,) = got[f"t/{harness}/{i}"]  # every loss token of a rollout carries its one advantage
       np.testing.assert_allclose(value, a, rtol=1e-5, atol=1e-6)
-  m = reward_metrics(data)
+  m = step_metrics([summary(data)])
   np.testing.assert_allclose(m["reward_harness/openclaw/mean"], np.mean(ra))
   np.testing.assert_allclose(m["reward_group/t/claude_code/std"], np.std(rb))
 

@@ -1,0 +1,86 @@
+"""Two processes on this machine as two hosts (JAX's multi-controller runtime, CPU gloo collectives, two
+devices each), the command of the README's cluster section: each process runs its own shim, harnesses
+and groups, the learner's step spans both, and process 0 writes the run's files once. Then the same
+commands with one more step resume from the checkpoint and add exactly that step; and a run killed
+(kill -9, both processes) in the middle of a step resumes and completes."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from clawjax.calllog import RolloutRecord, iter_records
+from tests.ports import free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _start(workdir: pathlib.Path, steps: int, extra: list[str], tag: str) -> list[subprocess.Popen]:
+  port = free_port()
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+  procs = []
+  for i in range(2):
+    log = open(workdir.parent / f"{tag}.process_{i}.log", "w")
+    procs.append(subprocess.Popen(
+        [sys.executable, "experiments/train.py", "--config=configs/quickstart.py", f"--workdir={workdir}",
+         f"--config.steps={steps}", "--config.sft.steps=0", "--config.tasks_per_step=2",
+         "--config.rollouts_per_task=4", "--config.concurrency=4", "--config.batch.rows=8",
+         "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
+         f"--config.distributed.coordinator=127.0.0.1:{port}", "--config.plot=false", *extra],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+  return procs
+
+
+def _run(workdir: pathlib.Path, steps: int, tag: str, extra: list[str] = ()) -> None:
+  procs = _start(workdir, steps, list(extra), tag)
+  codes = [p.wait(timeout=600) for p in procs]
+  assert codes == [0, 0], (workdir.parent / f"{tag}.process_1.log").read_text()[-3000:]
+
+
+def _rl_steps(workdir: pathlib.Path) -> list[dict]:
+  return [r for line in (workdir / "metrics.jsonl").read_text().splitlines()
+          if (r := json.loads(line))["phase"] == "rl"]
+
+
+@pytest.mark.slow
+def test_two_processes_train_resume_and_survive_a_kill(tmp_path):
+  workdir = tmp_path / "run"
+  _run(workdir, 2, "first")
+  rows = _rl_steps(workdir)
+  assert [r["step"] for r in rows] == [1, 2] and all(r["num_processes"] == 2 for r in rows)
+  for step in (1, 2):
+    # Each process ran its own groups (g mod 2); a group's four rollouts all on one process.
+    by_process = {}
+    for i in (0, 1):
+      records = [r for r in iter_records(workdir / "steps" / f"step_{step}" / f"rollouts.process_{i}.jsonl")
+                 if isinstance(r, RolloutRecord)]
+      assert records and {r.extra["process_index"] for r in records} == {i}
+      by_process[i] = {r.task_id for r in records}
+      assert all(len([r for r in records if r.task_id == t]) == 4 for t in by_process[i])
+      assert all((workdir / "calls" / f"process_{i}" / f"{r.rollout_id}.jsonl").exists()
+                 for r in records if r.status == "ok")
+    assert not by_process[0] & by_process[1]
+  assert rows[0]["rollouts"] == 8 and rows[0]["rollouts_ok"] == 8  # both processes' rollouts, counted once
+  assert json.loads((workdir / "summary.json").read_text())["num_processes"] == 2
+
+  _run(workdir, 3, "resume")
+  assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3]
+
+  # kill -9 of both processes once step 4's learner is running, then the same command again.
+  procs = _start(workdir, 5, [], "killed")
+  log = tmp_path / "killed.process_0.log"
+  deadline = time.time() + 600
+  while "step 4/5: learner update" not in log.read_text():
+    assert time.time() < deadline and all(p.poll() is None for p in procs), log.read_text()[-3000:]
+    time.sleep(0.5)
+  for p in procs:
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+  _run(workdir, 5, "after_kill")
+  assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3, 4, 5]
