@@ -47,6 +47,7 @@ setuptools.setup(
             "transformers>=5.0,<6",
             "jinja2>=3.1,<4",
             "playwright>=1.40,<2",  # drives Debian's chromium for the HTML viewer and report tests
+            "sglang-router>=0.3,<0.4",  # SGLang's router in front of engine replicas (its tests)
         ],
     },
 )

@@ -35,7 +35,7 @@ from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.models.vocab import text_source
 from clawjax.run.settings import EngineSettings, ModelSettings
-from clawjax.serving.backends.base import Backend, create_backend
+from clawjax.serving.backends.base import Backend, BackendError, create_backend
 from clawjax.serving.server import ShimConfig, ShimThread
 from clawjax.tasks import Task
 from clawjax.text.templates import ChatTemplate, load_template
@@ -197,8 +197,11 @@ class PolicySession:
       problem = None
       if distributed.is_primary():  # the engines are the run's, not a process's: one process updates them
         try:
-          for target in self._update_targets:  # every replica holds the new weights before any rollout
-            self._update(target, str(out), version)
+          # Every live replica holds the new weights before any rollout. One that is down is passed over:
+          # its rollouts fail meanwhile, and calls it answers with old weights if it comes back are
+          # stale (batch.max_staleness drops them).
+          if not sum(self._update(target, str(out), version) for target in self._update_targets):
+            raise PolicyUpdateError(f"no engine took weight version {version}: {self._targets_named()}")
         except PolicyUpdateError as e:
           problem = str(e)
       problems = [p for p in distributed.allgather_json(problem) if p]
@@ -207,11 +210,20 @@ class PolicySession:
     self.version = version
     return version
 
-  def _update(self, target: Backend, path: str, version: int) -> None:
+  def _targets_named(self) -> str:
+    return ", ".join(str(getattr(t, "url", self.cfg.engine.url)) for t in self._update_targets)
+
+  def _update(self, target: Backend, path: str, version: int) -> bool:
+    """Whether `target` took the weights; False for a replica that is down (one of several)."""
     where = f"engine {self.cfg.engine.backend} at {getattr(target, 'url', self.cfg.engine.url)}"
     try:
       got = self.shim.run(target.update_weights_from_disk(path, version))
       self.shim.run(target.flush_cache())
+    except BackendError as e:
+      if e.overloaded and len(self._update_targets) > 1:
+        log.warning("%s is down (%s): weight version %d not pushed to it", where, e, version)
+        return False
+      raise PolicyUpdateError(f"{where} refused weight version {version} ({path}): {e}") from e
     except Exception as e:  # pylint: disable=broad-except  (any refusal ends the run, named)
       raise PolicyUpdateError(f"{where} refused weight version {version} ({path}): {type(e).__name__}: {e}") from e
     if got is None:
@@ -219,3 +231,4 @@ class PolicySession:
                   "version %d cannot be confirmed", where, version)
     elif got != version:
       raise PolicyUpdateError(f"{where} reports weight version {got} after the push of version {version}")
+    return True
