@@ -76,6 +76,9 @@ class EvalConfig:
         ("rerun_statuses", set(self.rerun_statuses) <= set(STATUSES), f"not a subset of {STATUSES}"),
         ("shim.log_dir", not self.shim.log_dir, "is set by the run (WORKDIR/calls); leave it out"),
         ("model.init", self.shim_url or self.model.init, "required unless shim_url is set"),
+        ("shim.workers", self.shim.workers == 1 or self.engine.backend != "embedded",
+         f"{self.shim.workers} shim processes cannot share the embedded engine: serve the model with "
+         "`python -m clawjax.engine` and use engine.backend=sglang, or one shim process"),
         ("trained_in", self.trained_in is None or self.trained_in in TRAINED_IN_BASES
          or set(self.trained_in.split("+")) <= set(ADAPTERS),
          f"{self.trained_in!r} is not one of {TRAINED_IN_BASES}, a harness ({sorted(ADAPTERS)}) or harnesses "

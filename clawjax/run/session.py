@@ -36,7 +36,9 @@ from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.models.vocab import text_source
 from clawjax.run.settings import EngineSettings, ModelSettings
 from clawjax.serving.backends.base import Backend, BackendError, create_backend
+from clawjax.serving.front import ShimProcessPool
 from clawjax.serving.server import ShimConfig, ShimThread
+from clawjax.serving.workers import WorkerSpec
 from clawjax.tasks import Task
 from clawjax.text.templates import ChatTemplate, load_template
 
@@ -98,10 +100,19 @@ class PolicySession:
       self.admin_token = auth.client_admin_token(shim_token_file)
       return
     self.template = chat_template(cfg.model)
+    shim_config = dataclasses.replace(cfg.shim, log_dir=str(log_dir))
     if backend is None:
       backend = self._make_backend(policy, seed)
-    self.backend = backend
-    self.shim = ShimThread(dataclasses.replace(cfg.shim, log_dir=str(log_dir)), backend, self.template)
+    self.backend = backend  # in this process: the weight pushes (and the one shim's engine)
+    if cfg.shim.workers > 1:
+      # Shim worker processes, each with a backend of its own to the same engine (clawjax.serving.front).
+      spec = WorkerSpec(backend=cfg.engine.backend, model=cfg.model.init, backend_url=cfg.engine.url,
+                        backend_options=self._backend_options(), template=cfg.model.template,
+                        template_family=cfg.model.template_family)
+      spec.check_workers(cfg.shim.workers)
+      self.shim = ShimProcessPool(shim_config, spec)
+    else:
+      self.shim = ShimThread(shim_config, backend, self.template)
     self.admin_token = self.shim.admin_token  # held by this process only; never passed to a sandbox
 
   def _make_backend(self, policy, seed: int) -> Backend:
@@ -122,16 +133,19 @@ class PolicySession:
     self._update_targets = [self._remote(url) for url in settings.workers] or [backend]
     return backend
 
-  def _remote(self, url: str | None) -> Backend:
-    settings = self.cfg.engine
-    options = dict(settings.options)
-    if settings.backend == "scripted":
-      options["template"] = self.template  # the script is rendered with the shim's own template
-    elif os.environ.get(auth.ADMIN_TOKEN_ENV) and settings.backend in ("sglang", "vllm"):
+  def _backend_options(self) -> dict:
+    options = dict(self.cfg.engine.options)
+    if os.environ.get(auth.ADMIN_TOKEN_ENV) and self.cfg.engine.backend in ("sglang", "vllm"):
       # The engine servers' admin key (their weight update and cache flush) from the cluster's secret,
       # not from a config file.
       options.setdefault("admin_api_key", os.environ[auth.ADMIN_TOKEN_ENV])
-    return create_backend(settings.backend, url=url, model=self.cfg.model.init, **options)
+    return options
+
+  def _remote(self, url: str | None) -> Backend:
+    options = self._backend_options()
+    if self.cfg.engine.backend == "scripted":
+      options["template"] = self.template  # the script is rendered with the shim's own template
+    return create_backend(self.cfg.engine.backend, url=url, model=self.cfg.model.init, **options)
 
   @property
   def url(self) -> str:
@@ -147,8 +161,9 @@ class PolicySession:
 
   def __exit__(self, *exc) -> None:
     if self.shim is not None:
-      for target in self._update_targets:
-        if target is not self.backend:  # the shim closes its own backend
+      pool = isinstance(self.shim, ShimProcessPool)
+      for target in dict.fromkeys([*self._update_targets, self.backend]):
+        if pool or target is not self.backend:  # a one-process shim closes the backend it serves with
           self.shim.run(target.close())
       self.shim.stop()
     if self.engine is not None:

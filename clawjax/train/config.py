@@ -114,6 +114,9 @@ class TrainConfig:
         ("shim.top_k", self.shim.top_k <= 0, f"{self.shim.top_k}: training samples from the full "
          "distribution (the logged log-probs are taken before truncation); use -1"),
         ("empty_step_retries", self.empty_step_retries >= 0, "must be >= 0"),
+        ("shim.workers", self.shim.workers == 1 or self.engine.backend != "embedded",
+         f"{self.shim.workers} shim processes cannot share the embedded engine: serve the model with "
+         "`python -m clawjax.engine` and use engine.backend=sglang, or one shim process"),
         ("max_skipped_steps", self.max_skipped_steps >= 1, "must be >= 1"),
         ("value_pretrain_steps", self.value_pretrain_steps == 0 or self.learner.value.kind != "none",
          "needs learner.value.kind 'shared' or 'separate'"),

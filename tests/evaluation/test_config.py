@@ -72,6 +72,7 @@ def test_toy_config_builds():
     ({"trained_in": "codex"}, r"config.trained_in: 'codex' is not one of \('base', 'cold_start'\), a harness"),
     ({"trained_in": "mini+codex"}, r"config.trained_in: 'mini\+codex'"),
     ({"seed": "one"}, r"config.seed: expected int, got str"),
+    ({"shim": {"workers": 3}}, r"config.shim.workers: 3 shim processes cannot share the embedded engine"),
 ])
 def test_bad_fields_name_their_path(section, message):
   with pytest.raises(ConfigError, match=message):

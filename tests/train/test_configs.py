@@ -93,6 +93,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["learner=3"], r"^config\.learner: cannot read '3' as LearnerConfig"),
     (["plugins=no_such_module_xyz"], r"^config\.plugins: cannot import 'no_such_module_xyz'"),
     (["sft.demonstrator=clawjax.data.quickstart.demonstrator:Nope"], r"^config\.sft\.demonstrator: cannot import"),
+    (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
 ])
 def test_bad_keys_types_and_names_are_one_line_errors(overrides, message):
   with pytest.raises(ConfigError, match=message) as err:

@@ -5,6 +5,7 @@ that the first step after the resume samples from pi_old and not from the initia
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,9 @@ import pytest
 
 from clawjax.auth import ADMIN_TOKEN_ENV
 from clawjax.calllog import load
+from clawjax.models.loading import load_model
+from clawjax.run.session import PolicySession
+from clawjax.serving.front import ShimProcessPool
 from clawjax.train.config import train_config
 from clawjax.train.trainer import train
 from tests.ports import free_port
@@ -83,3 +87,19 @@ def test_a_resumed_run_pushes_its_weights_before_the_first_rollout(tmp_path, mon
     assert summary["steps"] == 2
     assert _versions(workdir, 2) == {1}  # sampled by the step-1 weights the trainer pushed first
     assert _weight_version(url) == 2
+
+
+@pytest.mark.slow
+def test_shim_worker_processes_serve_the_run_and_the_push_reaches_the_engine(tmp_path, monkeypatch):
+  monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+  tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
+  with engine_server(free_port()) as url:
+    cfg = _config(tasks, url, export, steps=1)
+    cfg = dataclasses.replace(cfg, shim=dataclasses.replace(cfg.shim, workers=2))
+    summary = train(cfg, workdir)
+    assert summary["steps"] == 1 and _weight_version(url) == 1
+    assert _versions(workdir, 1) == {0}
+    with PolicySession(cfg, tmp_path / "calls") as session:
+      health = json.loads(urllib.request.urlopen(session.url + "/health", timeout=10).read())
+      assert isinstance(session.shim, ShimProcessPool) and len(health["workers"]) == 2
+      assert session.push(load_model("test-tiny", seed=3).model, 5) == 5 and _weight_version(url) == 5
