@@ -40,6 +40,8 @@ class DistributedConfig:
   # Cross-process collectives of the CPU backend (CPU-only runs, e.g. the local 2-process simulation).
   cpu_collectives: str = "gloo"
   initialization_timeout_s: int = 300  # how long a process waits for the others to join
+  # How long a process that finished its share of the work (an evaluation's rollouts) waits for the others.
+  finish_timeout_s: int = 24 * 3600
 
   def __post_init__(self):
     where = "config.distributed"
@@ -51,8 +53,9 @@ class DistributedConfig:
       raise ConfigError(f"{where}.num_processes: {self.num_processes} must be >= 1")
     if self.cpu_collectives not in CPU_COLLECTIVES:
       raise ConfigError(f"{where}.cpu_collectives: {self.cpu_collectives!r} is not one of {CPU_COLLECTIVES}")
-    if self.initialization_timeout_s < 1:
-      raise ConfigError(f"{where}.initialization_timeout_s: {self.initialization_timeout_s} must be >= 1")
+    for name in ("initialization_timeout_s", "finish_timeout_s"):
+      if getattr(self, name) < 1:
+        raise ConfigError(f"{where}.{name}: {getattr(self, name)} must be >= 1")
     if self.auto_detect:
       return  # JAX fills in whichever of the three fields is unset
     if self.multi_process and self.coordinator is None:
@@ -122,6 +125,30 @@ def sync(name: str) -> None:
   """A barrier: returns once every process has reached `sync(name)` (the same name on all)."""
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)
+
+
+def wait_for_all(name: str, timeout_s: int) -> None:
+  """A barrier for waits longer than a collective may block: the coordination service's (through
+  orbax.checkpoint.multihost), which gives up with an error after `timeout_s`."""
+  if jax.process_count() > 1:
+    from orbax.checkpoint import multihost  # pylint: disable=import-outside-toplevel  (only several processes)
+    multihost.get_barrier_sync_fn()(key=name, timeout_ms=timeout_s * 1000)
+
+
+def process_file(name: str, index: int, count: int) -> str:
+  """`name` for process `index`'s file beside the other processes' (rollouts.jsonl ->
+  rollouts.process_1.jsonl), so that no two processes append to one file; `name` itself for one process."""
+  return name if count == 1 else _tagged(name, f"process_{index}")
+
+
+def process_files_pattern(name: str) -> str:
+  """The glob pattern of every process's `process_file(name, ...)` in a multi-process run."""
+  return _tagged(name, "process_*")
+
+
+def _tagged(name: str, tag: str) -> str:
+  stem, dot, suffix = name.partition(".")
+  return f"{stem}.{tag}{dot}{suffix}"
 
 
 def gather(x: jax.Array) -> np.ndarray:

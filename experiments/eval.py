@@ -5,7 +5,9 @@ r"""Evaluate a model behind an agent harness on a task benchmark (Table 1 of the
 
 Writes WORKDIR/results.jsonl (one line per task rollout), WORKDIR/summary.md and summary.json (scores
 by category in Table 1's layout); rerunning the command resumes. Any field of clawjax/evaluation/config.py
-can be set with `--config.a.b=v`; `--print_config` prints the resolved config and exits.
+can be set with `--config.a.b=v`; `--print_config` prints the resolved config and exits. On several hosts
+the same command runs on each, with `--config.distributed.*` (README, "Running on a cluster"): the hosts
+split the tasks and process 0 writes the one results.jsonl and the summary.
 """
 
 import json
@@ -16,6 +18,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from clawjax import config as config_lib
+from clawjax import distributed
 from clawjax.evaluation.config import eval_config
 from clawjax.evaluation.report import SUMMARY_MD
 from clawjax.evaluation.results import ResultsError
@@ -39,8 +42,9 @@ def main(args: config_lib.Args) -> None:
     run = run_eval(cfg, _WORKDIR.value)
   except (config_lib.ConfigError, EvalError, ResultsError) as e:
     sys.exit(f"error: {e}")
-  with open(f"{run.path}/{SUMMARY_MD}", encoding="utf-8") as fh:
-    sys.stdout.write(fh.read())
+  if distributed.is_primary():
+    with open(f"{run.path}/{SUMMARY_MD}", encoding="utf-8") as fh:
+      sys.stdout.write(fh.read())
 
 
 if __name__ == "__main__":

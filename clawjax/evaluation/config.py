@@ -17,6 +17,7 @@ from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.config import ConfigError
+from clawjax.distributed import DistributedConfig
 from clawjax.evaluation.report import TRAINED_IN_BASES
 from clawjax.evaluation.results import STATUSES
 from clawjax.evaluation.summary import UNSCORED_CHOICES
@@ -63,6 +64,8 @@ class EvalConfig:
   engine: EngineSettings = EngineSettings()
   shim: ShimConfig = dataclasses.field(default_factory=lambda: ShimConfig(log_dir=""))
   rollout: RolloutConfig = RolloutConfig()
+  # Several processes (one per host, the same command on each) split the tasks: clawjax.distributed.
+  distributed: DistributedConfig = DistributedConfig()
 
   def __post_init__(self):
     config_lib.import_plugins(self.plugins)

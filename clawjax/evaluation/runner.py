@@ -15,6 +15,9 @@
 5. `summary.md` / `summary.json` (report.py) are rewritten from the results; summary.json also says
    which isolation the rollouts ran under, environment.json what the run ran on, config.json the
    resolved config; then `report.html` (clawjax/report/run.py) shows it all with the rollouts' trees.
+
+With several processes (`config.distributed`, see `run_eval`) each runs its share of the tasks into files
+of its own, and process 0 merges their results into the one `results.jsonl` at the end.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import pathlib
 from collections.abc import Sequence
 
 from clawjax import config as config_lib
+from clawjax import distributed
 from clawjax import tasks as task_lib
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
@@ -96,42 +101,88 @@ def pending(tasks: Sequence[Task], config: EvalConfig,
           if (t.task_id, s) not in done or done[(t.task_id, s)].status in config.rerun_statuses]
 
 
+def _result_files(workdir: pathlib.Path) -> list[pathlib.Path]:
+  """The merged results file, then the per-process ones of a multi-process run not merged yet (newer)."""
+  return [workdir / report.RESULTS_FILE, *sorted(workdir.glob(distributed.process_files_pattern(report.RESULTS_FILE)))]
+
+
+def _merge_results(workdir: pathlib.Path, tasks: Sequence[Task]) -> None:
+  """Folds the per-process results files into the one results file (written whole, then renamed into
+  place), then removes them."""
+  files = _result_files(workdir)
+  if len(files) == 1:
+    return
+  order = {t.task_id: i for i, t in enumerate(tasks)}
+  merged = sorted(latest(r for f in files for r in load_results(f)).values(),
+                  key=lambda r: (order.get(r.task_id, len(order)), r.task_id, r.sample))
+  tmp = workdir / f".{report.RESULTS_FILE}.tmp"
+  with ResultsWriter(tmp) as out:
+    for result in merged:
+      out.write(result)
+  os.replace(tmp, files[0])
+  for part in files[1:]:
+    part.unlink()
+
+
 def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
              backend: Backend | None = None) -> report.Run:
-  """Runs (or resumes) the evaluation in `workdir`; returns the run with the selected tasks' results."""
+  """Runs (or resumes) the evaluation in `workdir`; returns the run with the selected tasks' results.
+
+  Several processes (config.distributed; the workdir on a filesystem every host sees) split the tasks:
+  task i (in selection order) is process i mod P's, all its samples. Each process writes its own
+  results.process_<i>.jsonl, rollouts.process_<i>.jsonl and calls/process_<i>/; once all are done, process
+  0 merges the results into results.jsonl and writes the summary and the report."""
+  distributed.initialize(config.distributed)
+  index, count = distributed.process_index(), distributed.process_count()
+  primary = index == 0
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   info = run_info(config)
-  _pin_run_info(workdir, info)
-  isolation = start_run(config.rollout, workdir, [config.harness])
-  (workdir / "config.json").write_text(json.dumps(config_lib.to_json(config), indent=2) + "\n")
+  if primary:
+    _pin_run_info(workdir, info)
+  distributed.sync("eval: run.json pinned")
+  if not primary:
+    _pin_run_info(workdir, info)  # checks it against process 0's
+  isolation = start_run(config.rollout, workdir, [config.harness], record_environment=primary)
+  if primary:
+    (workdir / "config.json").write_text(json.dumps(config_lib.to_json(config), indent=2) + "\n")
   try:
     tasks = select_tasks(config.tasks, config.task_ids, config.max_tasks)
   except ValueError as e:  # the user's config (an unknown or duplicate id): eval.py prints it without a trace
     raise EvalError(str(e)) from None
-  results_path = workdir / report.RESULTS_FILE
-  done = latest(load_results(results_path))
-  jobs = pending(tasks, config, done)
-  log.info("%d tasks x %d samples: %d rollouts to run, %d already done", len(tasks),
-           config.num_samples, len(jobs), len(tasks) * config.num_samples - len(jobs))
+  done = latest(r for f in _result_files(workdir) for r in load_results(f))
+  distributed.sync("eval: results read")  # before any process appends to its file
+  mine = {t.task_id for i, t in enumerate(tasks) if i % count == index}
+  todo = pending(tasks, config, done)
+  jobs = [job for job in todo if job.task.task_id in mine]
+  log.info("%d tasks x %d samples: %d rollouts already done, %d to run%s", len(tasks), config.num_samples,
+           len(tasks) * config.num_samples - len(todo), len(jobs), f" in process {index}" if count > 1 else "")
   if jobs:
+    file = lambda name: workdir / distributed.process_file(name, index, count)
+    calls_dir = workdir / report.CALLS_DIR / (f"process_{index}" if count > 1 else "")
     with contextlib.ExitStack() as stack:
-      session = stack.enter_context(PolicySession(config, workdir / report.CALLS_DIR, backend=backend,
-                                                  shim_url=config.shim_url,
-                                                  shim_token_file=config.shim_token_file))
-      results = stack.enter_context(ResultsWriter(results_path))
-      rollouts = stack.enter_context(CallLogWriter(workdir / report.ROLLOUTS_FILE))
+      session = stack.enter_context(PolicySession(config, calls_dir, backend=backend, shim_url=config.shim_url,
+                                                  shim_token_file=config.shim_token_file,
+                                                  process_index=index))
+      results = stack.enter_context(ResultsWriter(file(report.RESULTS_FILE)))
+      rollouts = stack.enter_context(CallLogWriter(file(report.ROLLOUTS_FILE)))
 
       def record(job: RolloutJob, outcome: RolloutOutcome) -> None:
-        result = to_result(job.task, job.index, config.harness, outcome)
-        results.write(result)
-        done[result.key] = result
+        results.write(to_result(job.task, job.index, config.harness, outcome))
 
       session.run(jobs, rollouts, label="eval", desc=f"eval {config.harness}", on_result=record)
+  distributed.wait_for_all("eval: rollouts done", config.distributed.finish_timeout_s)
+  if primary:
+    _merge_results(workdir, tasks)
+  distributed.sync("eval: results merged")
+  results_path = workdir / report.RESULTS_FILE
+  done = latest(load_results(results_path))
   wanted = {(t.task_id, s) for t in tasks for s in range(config.num_samples)}
   run = report.Run(str(workdir), info, [r for k, r in done.items() if k in wanted])
   if len(run.results) != len(wanted):
     raise ResultsError(f"{results_path}: {len(wanted) - len(run.results)} rollouts have no result")
-  report.write_summary(run, {"isolation": isolation})
-  write_report(workdir)
+  if primary:
+    report.write_summary(run, {"isolation": isolation, "num_processes": count})
+    write_report(workdir)
+  distributed.sync("eval: summary written")
   return run

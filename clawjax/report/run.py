@@ -5,7 +5,7 @@ what the run did, and the rollout-tree viewer of its last step's rollouts beside
 
 Sections: the run's summary (summary.json; an evaluation's scores per category), the config
 (config.json) and environment (environment.json), the curves (charts.py, from metrics.jsonl), and the
-rollouts of the last training step (WORKDIR/steps/step_<k>/) or of the evaluation (WORKDIR/rollouts.jsonl):
+rollouts of the last training step (WORKDIR/steps/step_<k>/) or of the evaluation (WORKDIR/rollouts*.jsonl):
 failures counted by reason with the harness's last stderr line, and the best and worst rollouts by reward,
 each linking to its tree in WORKDIR/report/<name>.html (clawjax/tree/view.py). Tokens are decoded with
 `tokenizer` (a tokenizer name or model directory), by default the run's own: config.json's
@@ -72,8 +72,8 @@ def _last_step(workdir: pathlib.Path) -> tuple[str, list[pathlib.Path]] | None:
       return f"step_{k}", sorted(step_dir.glob("rollouts*.jsonl"))
     trained = [g for f in sorted(step_dir.glob("groups*.json")) for g in _json(f).get("trained", [])]
     return f"step_{k}", [p for g in trained for p in workdir.glob(f"groups/**/{g}.jsonl")]
-  if (workdir / "rollouts.jsonl").is_file():
-    return "rollouts", [workdir / "rollouts.jsonl"]
+  if any(workdir.glob("rollouts*.jsonl")):
+    return "rollouts", sorted(workdir.glob("rollouts*.jsonl"))
   return None
 
 

@@ -17,6 +17,7 @@ import pathlib
 from collections.abc import Sequence
 
 from clawjax.calllog import LoadedLog, RolloutRecord, iter_records, load
+from clawjax.distributed import process_file
 from clawjax.train.groups import Group
 
 
@@ -34,10 +35,7 @@ class RunLayout:
 
   def per_process(self, name: str) -> str:
     """`name` for a file of this process beside the other processes' (rollouts.jsonl -> rollouts.process_1.jsonl)."""
-    if self.process_count == 1:
-      return name
-    stem, dot, suffix = name.partition(".")
-    return f"{stem}.process_{self.process_index}{dot}{suffix}"
+    return process_file(name, self.process_index, self.process_count)
 
   def rollouts_file(self, step: int) -> pathlib.Path:
     return self.workdir / "steps" / f"step_{step}" / self.per_process("rollouts.jsonl")
