@@ -88,8 +88,13 @@ class UnixToTcp:
   def __exit__(self, *exc) -> None:
     async def stop() -> None:
       self._server.close()
-      for task in asyncio.all_tasks() - {asyncio.current_task()}:
+      tasks = asyncio.all_tasks() - {asyncio.current_task()}
+      for task in tasks:
         task.cancel()
+      # Let the connections' handlers finish their cancellation (closing both sides) before the loop
+      # stops; a handler left pending is destroyed with the loop and asyncio logs it as an error.
+      if tasks:
+        await asyncio.wait(tasks, timeout=5)
 
     asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
     self._loop.call_soon_threadsafe(self._loop.stop)
