@@ -56,8 +56,10 @@ def _engine(model_dir: str, port: int, cores: set[int]):
   env = {**os.environ, "CLAWJAX_ADMIN_TOKEN": TOKEN}
   proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", model_dir, "--port", str(port),
                            "--max-slots", "8", "--max-seq-len", "1024"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          preexec_fn=lambda: os.sched_setaffinity(0, cores))
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  # Pinned from here, not in a preexec_fn (Python code between fork and exec in a process running JAX's
+  # threads), before the server starts threads of its own: its imports take seconds.
+  os.sched_setaffinity(proc.pid, cores)
   try:
     deadline = time.time() + 300
     while True:
