@@ -25,23 +25,15 @@ import dataclasses
 import json
 import os
 import pathlib
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 import numpy as np
 
+from clawjax.server_process import free_port, running
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOKEN = "benchmark-admin-token"
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _cores() -> tuple[set[int], set[int]]:
@@ -53,27 +45,10 @@ def _cores() -> tuple[set[int], set[int]]:
 
 @contextlib.contextmanager
 def _engine(model_dir: str, port: int, cores: set[int]):
-  env = {**os.environ, "CLAWJAX_ADMIN_TOKEN": TOKEN}
-  proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", model_dir, "--port", str(port),
-                           "--max-slots", "8", "--max-seq-len", "1024"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  # Pinned from here, not in a preexec_fn (Python code between fork and exec in a process running JAX's
-  # threads), before the server starts threads of its own: its imports take seconds.
-  os.sched_setaffinity(proc.pid, cores)
-  try:
-    deadline = time.time() + 300
-    while True:
-      try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-        break
-      except OSError:
-        if proc.poll() is not None or time.time() > deadline:
-          raise RuntimeError("the engine server did not start") from None
-        time.sleep(0.5)
+  with running([sys.executable, "-m", "clawjax.engine", "--model", model_dir, "--port", str(port), "--max-slots",
+                "8", "--max-seq-len", "1024"], f"http://127.0.0.1:{port}/health", env={"CLAWJAX_ADMIN_TOKEN": TOKEN},
+               timeout_s=300, cores=cores):
     yield f"http://127.0.0.1:{port}"
-  finally:
-    proc.terminate()
-    proc.wait(timeout=60)
 
 
 def _config(steps: int, url: str, export: str, async_rl: bool, harness: str, init: str | None = None):
@@ -94,7 +69,7 @@ def _run(name: str, steps: int, args, model_dir: str, work: pathlib.Path, harnes
   from clawjax.train.metrics import read_metrics  # pylint: disable=import-outside-toplevel
   from clawjax.train.trainer import train  # pylint: disable=import-outside-toplevel
   engine_cores, _ = _cores()
-  with _engine(model_dir, _free_port(), engine_cores) as url:
+  with _engine(model_dir, free_port(), engine_cores) as url:
     cfg = _config(steps, url, str(work / f"{name}-export"), name.startswith("async"), harness, model_dir)
     train(cfg, work / name)
   rows = sorted(read_metrics(work / name, "rl"), key=lambda r: r["step"])

@@ -18,16 +18,11 @@ calls, and the p50 seconds of those calls.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import pathlib
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 import urllib.request
 
 import numpy as np
@@ -37,40 +32,15 @@ from clawjax.auth import ADMIN_TOKEN_ENV
 from clawjax.calllog import load
 from clawjax.environment import describe as describe_environment
 from clawjax.serving.backends.base import create_backend
+from clawjax.server_process import free_port, running
 from clawjax.serving.server import ShimConfig, ShimThread
 from clawjax.text.templates import load_template
 
 TOKEN = "benchmark-admin-token"
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _wait(url: str, proc: subprocess.Popen, timeout_s: float = 240) -> None:
-  deadline = time.time() + timeout_s
-  while True:
-    try:
-      urllib.request.urlopen(url, timeout=2).read()
-      return
-    except OSError:
-      if proc.poll() is not None or time.time() > deadline:
-        raise RuntimeError(f"{url} did not come up (exit {proc.poll()})") from None
-      time.sleep(0.5)
-
-
-@contextlib.contextmanager
 def _process(argv: list[str], ready_url: str):
-  env = {**os.environ, ADMIN_TOKEN_ENV: TOKEN}
-  proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    _wait(ready_url, proc)
-    yield
-  finally:
-    proc.terminate()
-    proc.wait(timeout=30)
+  return running(argv, ready_url, env={ADMIN_TOKEN_ENV: TOKEN})
 
 
 def _engine(port: int, max_slots: int):
@@ -82,7 +52,7 @@ def _router(port: int, workers: list[str], policy: str):
   # (Its Prometheus exporter takes a port of its own: a free one, so that runs never collide.)
   return _process([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
                    str(port), "--policy", policy, "--worker-urls", *workers, "--log-level", "warn",
-                   "--prometheus-port", str(_free_port())], f"http://127.0.0.1:{port}/health")
+                   "--prometheus-port", str(free_port())], f"http://127.0.0.1:{port}/health")
 
 
 def _conversation(client: openai.OpenAI, k: int, calls: int) -> None:
@@ -96,7 +66,7 @@ def _conversation(client: openai.OpenAI, k: int, calls: int) -> None:
 
 
 def run_policy(policy: str, engines: list[str], rollouts: int, calls: int, log_dir: pathlib.Path) -> dict:
-  port = _free_port()
+  port = free_port()
   with _router(port, engines, policy):
     backend = create_backend("sglang", url=f"http://127.0.0.1:{port}", model="qwen3")
     config = ShimConfig(log_dir=str(log_dir), max_new_tokens=8, max_context=4096, temperature=1.0)
@@ -126,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--max-slots", type=int, default=8, help="KV slots per engine (prefixes it keeps)")
   parser.add_argument("--json", action="store_true")
   args = parser.parse_args(argv)
-  ports = [_free_port(), _free_port()]
+  ports = [free_port(), free_port()]
   engines = [f"http://127.0.0.1:{p}" for p in ports]
   report: dict = {"rollouts": args.rollouts, "calls": args.calls, "replicas": 2}
   with tempfile.TemporaryDirectory() as tmp, _engine(ports[0], args.max_slots), _engine(ports[1], args.max_slots):

@@ -32,7 +32,6 @@ from collections.abc import Sequence
 
 from clawjax import config as config_lib
 from clawjax import distributed
-from clawjax import tasks as task_lib
 from clawjax.calllog import CallLogWriter
 from clawjax.evaluation import report
 from clawjax.evaluation.config import EvalConfig

@@ -16,7 +16,6 @@ import math
 import pathlib
 from collections.abc import Mapping
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -24,7 +23,6 @@ from flax import nnx
 from clawjax.calllog import load
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.logprobs import token_logprobs
-from clawjax.tree.batch import LEARNER_FILE
 from clawjax.tree.build import CallTree
 from clawjax.tree.filters import FilterConfig, filter_rollout
 

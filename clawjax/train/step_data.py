@@ -37,7 +37,6 @@ import numpy as np
 from clawjax.calllog import CallRecord, LoadedLog, RolloutRecord
 from clawjax.rl.advantages import grpo_advantages
 from clawjax.tree.batch import PackedBatch, RolloutScores
-from clawjax.tree.build import CallTree
 from clawjax.tree.filters import FilterConfig, FilteredRollout, filter_rollout
 from clawjax.tree.pack import pack_trees, split_for_rows
 

@@ -11,7 +11,6 @@ import numpy as np
 from clawjax import calllog
 from clawjax.calllog import CallLogWriter, RolloutRecord
 from clawjax.report.charts import CHARTS, read_metrics, series
-from clawjax.report.run import write_report
 from clawjax.train.metrics import MetricsWriter
 from clawjax.tree import synthetic
 from experiments import report as report_cli
@@ -77,7 +76,7 @@ def test_report_of_a_training_run_in_a_headless_browser(tmp_path):
     listed = lambda table: page.eval_on_selector_all(f"#{table} a", "e => e.map(a => a.textContent)")
     assert listed("best") == best[:3] and listed("worst") == best[::-1][:3]
     assert "test-tiny" in page.inner_text("body")  # the config
-    page.click(f"#worst a")  # the worst rollout's tree
+    page.click("#worst a")  # the worst rollout's tree
     page.wait_for_selector("#tree svg")
     assert page.inner_text("#head h2") == best[-1]
     calls = calllog.load(workdir / "calls" / f"{best[-1]}.jsonl").calls[best[-1]]

@@ -7,10 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -20,9 +17,9 @@ from clawjax.calllog import load
 from clawjax.models.loading import load_model
 from clawjax.run.session import PolicySession
 from clawjax.serving.front import ShimProcessPool
+from clawjax.server_process import free_port, running
 from clawjax.train.config import train_config
 from clawjax.train.trainer import train
-from tests.ports import free_port
 from tests.train.test_e2e import _task_dir
 
 TOKEN = "test-admin-token-for-the-engine"
@@ -30,24 +27,11 @@ TOKEN = "test-admin-token-for-the-engine"
 
 @contextlib.contextmanager
 def engine_server(port: int):
-  env = {**os.environ, ADMIN_TOKEN_ENV: TOKEN}
-  proc = subprocess.Popen([sys.executable, "-m", "clawjax.engine", "--model", "test-tiny", "--port", str(port),
-                           "--max-slots", "4", "--max-seq-len", "1024"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 180
-    while True:
-      try:
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-        break
-      except OSError:
-        if proc.poll() is not None or time.time() > deadline:
-          raise RuntimeError(f"engine server on port {port} did not start")
-        time.sleep(0.5)
+  """An engine server on `port` for the block; yields its URL."""
+  with running([sys.executable, "-m", "clawjax.engine", "--model", "test-tiny", "--port", str(port),
+                "--max-slots", "4", "--max-seq-len", "1024"], f"http://127.0.0.1:{port}/health",
+               env={ADMIN_TOKEN_ENV: TOKEN}):
     yield f"http://127.0.0.1:{port}"
-  finally:
-    proc.terminate()
-    proc.wait(timeout=30)
 
 
 def _weight_version(url: str) -> int:

@@ -5,46 +5,25 @@ routing key); every weight push reaches both replicas, and each then reports the
 replica that dies between steps is passed over: the run goes on, on the other."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from clawjax.auth import ADMIN_TOKEN_ENV
 from clawjax.calllog import load
+from clawjax.server_process import free_port, running
 from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
 from clawjax.train.trainer import train
-from tests.ports import free_port
 from tests.train.test_e2e import _task_dir
 
 TOKEN = "test-admin-token-for-the-replicas"
 
 
-@contextlib.contextmanager
 def _process(argv: list[str], health: str):
-  proc = subprocess.Popen(argv, env={**os.environ, ADMIN_TOKEN_ENV: TOKEN}, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 240
-    while True:
-      try:
-        urllib.request.urlopen(health, timeout=2).read()
-        break
-      except OSError:
-        if proc.poll() is not None or time.time() > deadline:
-          raise RuntimeError(f"{argv[2]} did not start (exit {proc.poll()})") from None
-        time.sleep(0.5)
-    yield proc
-  finally:
-    if proc.poll() is None:
-      proc.terminate()
-      proc.wait(timeout=30)
+  return running(argv, health, env={ADMIN_TOKEN_ENV: TOKEN})
 
 
 def _engine(port: int):
