@@ -50,10 +50,15 @@ def running(argv: Sequence[str], health_url: str, *, env: Mapping[str, str] | No
         time.sleep(0.5)
     yield proc
   finally:
-    if proc.poll() is None:
-      proc.terminate()
-      try:
-        proc.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+  """SIGTERM, then SIGKILL if `proc` has not exited after `grace_s`."""
+  if proc.poll() is None:
+    proc.terminate()
+    try:
+      proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()

@@ -6,12 +6,12 @@ already running elsewhere: CLAWJAX_VLLM_URL=http://HOST:PORT CLAWJAX_VLLM_MODEL_
 directory it serves).
 """
 import os
-import subprocess
 
 import openai
 import pytest
 
 from clawjax.models.smollm2 import ensure_smollm2_dir
+from clawjax.server_process import stop
 from clawjax.serving import vllm_cpu
 from clawjax.serving.backends.base import create_backend
 from clawjax.text.messages import Message
@@ -44,12 +44,7 @@ def vllm(tmp_path_factory):
       raise RuntimeError(f"{e}; its log ends:\n{log.read_text(errors='replace')[-4000:]}") from None
     yield url, model_dir
   finally:
-    proc.terminate()
-    try:
-      proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait()
+    stop(proc, grace_s=60)
 
 
 def _rollout(make_shim, vllm, **config):
