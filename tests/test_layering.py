@@ -23,6 +23,9 @@ FORBIDDEN = {
     "tasks": {"serving", "harness", "engine", "evaluation", "train", "run", "rl", "models", "text"},
     "run": {"train", "evaluation", "rl"},
     "evaluation": {"train"},
+    # The SFT stage sits beside RL: the train loop uses it for its cold start, so it uses nothing of train
+    # (its metrics writer is passed in) and runs no harness or engine of its own.
+    "sft": {"train", "evaluation", "harness", "engine", "tasks"},
 }
 
 

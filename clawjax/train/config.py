@@ -116,12 +116,7 @@ class TrainConfig:
     check_loss(self.learner)
     if self.sft.steps:
       check_demonstrator(self.sft)
-    if self.tensorboard:
-      try:
-        import tensorboardX  # pylint: disable=import-outside-toplevel,unused-import
-      except ImportError:
-        raise ConfigError("config.tensorboard: needs tensorboardX (pip install 'clawjax[tensorboard]'), "
-                          "or set --config.tensorboard=False") from None
+    config_lib.check_tensorboard(self.tensorboard)
 
 
 def train_config(config: Mapping[str, Any] | Any, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -132,9 +127,4 @@ def train_config(config: Mapping[str, Any] | Any, overrides: Sequence[str] = ())
 def check_resume(saved: Mapping[str, Any], cfg: TrainConfig) -> None:
   """A resumed run must train what it started with: a ConfigError listing the differences from the
   run's config.json (beyond RESUMABLE_CHANGES) unless `allow_config_change`."""
-  diff = {k: v for k, v in config_lib.differences(saved, config_lib.to_json(cfg)).items()
-          if not any(k == f or k.startswith(f + ".") for f in RESUMABLE_CHANGES)}
-  if diff and not cfg.allow_config_change:
-    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
-    raise ConfigError(f"config differs from the run's config.json ({listed}); resume it unchanged, use "
-                      "another --workdir, or pass --config.allow_config_change=True")
+  config_lib.check_resume(saved, cfg, RESUMABLE_CHANGES, cfg.allow_config_change)
