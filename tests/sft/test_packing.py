@@ -59,6 +59,7 @@ def test_padding_stays_under_ten_percent_on_a_length_skewed_set():
   assert padding < 0.10 < 0.5 < one_per_row
 
 
+@pytest.mark.slow
 def test_a_packed_batch_trains_each_conversation_as_if_alone():
   rng = np.random.default_rng(0)
   trees = [_conversation(rng, f"c{i}", turns=int(rng.integers(1, 4)), prompt=int(rng.integers(4, 30)),
