@@ -127,9 +127,9 @@ class Trainer:
     _set_aside(out)  # demonstrations of an SFT stage a crash interrupted: record afresh
     out.mkdir()
     start = time.time()
-    trees, scores = record_demos(cfg, self.tasks, out)
+    trees = record_demos(cfg, self.tasks, out)
     self.metrics.truncate("sft", 1)
-    policy = run_sft(policy, trees, scores, cfg.sft, cfg.learner, self.metrics, cfg.seed)
+    policy = run_sft(policy, trees, cfg.sft, cfg.learner, self.metrics, cfg.seed)
     log.info("cold-start SFT: %d steps on %d demonstrations in %.0f s", cfg.sft.steps, len(trees),
              time.time() - start)
     return policy
