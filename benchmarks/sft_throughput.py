@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
   p.add_argument("--layers", type=int, default=2)
   p.add_argument("--d-model", type=int, default=256, help="width (heads of 64, MLP 4x): per-token work that "
                  "padding costs as much as a token, as in real models")
-  p.add_argument("--attention-block", type=int, default=512)
+  p.add_argument("--attention-block", type=int, default=256)
   p.add_argument("--logits-chunk", type=int, default=256)
   p.add_argument("--seed", type=int, default=0)
   args = p.parse_args(argv)

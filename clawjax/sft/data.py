@@ -17,6 +17,7 @@ the call logs in its calls/. A rollout is trained when its status is "ok" and it
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import pathlib
@@ -50,12 +51,12 @@ class FormatError(DataError):
   """Data in a format the reader does not know (a role, tool or block type): it always stops the run."""
 
 
+@dataclasses.dataclass(frozen=True)
 class Conversation:
   """One conversation in the shim's neutral form; `where` is its file:line."""
-  __slots__ = ("where", "messages", "tools")
-
-  def __init__(self, where: str, messages: Sequence[Message], tools: Sequence[ToolSpec]):
-    self.where, self.messages, self.tools = where, tuple(messages), tuple(tools)
+  where: str
+  messages: tuple[Message, ...]
+  tools: tuple[ToolSpec, ...]
 
 
 def _check_format(fmt: str, obj: dict[str, Any], where: str) -> None:
@@ -129,7 +130,7 @@ def _conversation(fmt: str, line: bytes, where: str, tools: list[Any] | None) ->
     raise DataError(f"{where}: {e.message}") from None
   except ValueError as e:  # a Message the records refuse
     raise DataError(f"{where}: {e}") from None
-  return Conversation(where, messages, specs)
+  return Conversation(where, tuple(messages), tuple(specs))
 
 
 def read_conversations(path: str, fmt: str, *, bad_lines: str, counts: Counts,
@@ -153,8 +154,9 @@ def read_conversations(path: str, fmt: str, *, bad_lines: str, counts: Counts,
 def read_rollouts(run_dir: str, *, min_score: float, rollout_files: Sequence[str], bad_lines: str,
                   counts: Counts) -> Iterator[tuple[str, list[CallRecord]]]:
   """(rollout id, its calls) of each rollout of a run directory that is ok and scored >= min_score, in
-  rollout-id order. Counted: rft_rollouts (records read), rft_below_min_score, rft_not_ok, rft_no_calls,
-  and with bad_lines="skip" bad_records (records that could not be read; their rollouts are left out)."""
+  rollout-id order. Counted: rollouts (records read), rollouts_below_min_score, rollouts_not_ok,
+  rollouts_without_calls, and with bad_lines="skip" bad_records (records that could not be read; their
+  rollouts are left out)."""
   root = pathlib.Path(run_dir)
   record_files = sorted({p for pattern in rollout_files for p in root.glob(pattern) if p.is_file()})
   if not record_files or not (root / "calls").is_dir():
@@ -170,12 +172,12 @@ def read_rollouts(run_dir: str, *, min_score: float, rollout_files: Sequence[str
     log.warning("skipped %s", problem)
   for rid in sorted(loaded.rollouts):
     record: RolloutRecord = loaded.rollouts[rid]
-    counts["rft_rollouts"] += 1
+    counts["rollouts"] += 1
     if record.status != "ok" or record.reward is None:
-      counts["rft_not_ok"] += 1
+      counts["rollouts_not_ok"] += 1
     elif record.reward < min_score:
-      counts["rft_below_min_score"] += 1
+      counts["rollouts_below_min_score"] += 1
     elif not loaded.calls.get(rid):
-      counts["rft_no_calls"] += 1
+      counts["rollouts_without_calls"] += 1
     else:
       yield rid, loaded.calls[rid]

@@ -4,8 +4,8 @@ Conversations (OpenAI or Anthropic JSONL) are rendered as the shim would record 
 one-path trees; a run's rollouts (RFT) are filtered as RL filters them (clawjax.tree.filters) into
 their trees of kept calls. A tree longer than `max_len` is cut after the last call that fits or
 dropped (`overlong`). Counts (in the run's summary): conversations, no_assistant_turn, whole, cut,
-dropped, bad_lines; rft_rollouts, rft_not_ok, rft_below_min_score, rft_no_calls, rft_nothing_trained,
-rft_trained, bad_records.
+dropped, bad_lines; rollouts, rollouts_not_ok, rollouts_below_min_score, rollouts_without_calls,
+rollouts_nothing_trained, rollouts_trained, bad_records.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def rollout_trees(run_dir: str, *, min_score: float, max_len: int, overlong: str
                                   bad_lines=bad_lines, counts=counts):
     trained = filter_rollout(rid, calls, filters).trained
     if not trained:
-      counts["rft_nothing_trained"] += 1
+      counts["rollouts_nothing_trained"] += 1
       continue
-    counts["rft_trained"] += 1
+    counts["rollouts_trained"] += 1
     yield fit_tree(f"{run_dir}:{rid}", trained, max_len, overlong)
 
 

@@ -52,6 +52,8 @@ def make_plan(sizes: Sequence[int], *, row_len: int, rows: int, pool_batches: in
   """Every update of the run: `epochs` epochs (None: as many as `steps` needs), cut at `steps` if > 0."""
   if not len(sizes):
     raise ValueError("no training data: every source was empty or left out (see the counts)")
+  if epochs is None and not steps:
+    raise ValueError("make_plan: give epochs, steps or both")
   plan: list[Step] = []
   epoch = 0
   while (epochs is None or epoch < epochs) and not (steps and len(plan) >= steps):

@@ -18,7 +18,7 @@ import logging
 import math
 import pathlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import jax
@@ -34,7 +34,7 @@ from clawjax.sft.config import SFTRunConfig, check_resume
 from clawjax.sft.data import Counts
 from clawjax.sft.dataset import load_trees, split_heldout
 from clawjax.sft.export import export_model
-from clawjax.sft.loop import PHASE, fit, heldout_batches, heldout_nll, lr_schedule, make_plan
+from clawjax.sft.loop import PHASE, Metrics, fit, heldout_batches, heldout_nll, lr_schedule, make_plan
 from clawjax.tree.build import CallTree
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,8 @@ log = logging.getLogger(__name__)
 CONFIG_FILE, DATA_FILE, SUMMARY_FILE = "config.json", "data.json", "summary.json"
 
 
-class RunMetrics(Protocol):
+class RunMetrics(Metrics, Protocol):
   """clawjax.train.metrics.MetricsWriter: the loop's `write`, and `truncate` for a resume."""
-
-  def write(self, phase: str, step: int, metrics: Mapping[str, float]) -> None:
-    ...
 
   def truncate(self, phase: str, from_step: int) -> None:
     ...
@@ -120,7 +117,7 @@ def run_stage(cfg: SFTRunConfig, workdir: str | pathlib.Path, metrics: RunMetric
     learner.state, cursor = ckpt.restore(learner.state)
     start = int(cursor["step"])
     log.info("resuming after SFT update %d of %d", start, len(plan))
-  metrics.truncate(PHASE, start + 1)
+  metrics.truncate(PHASE, start + 1 if start else 0)  # (step 0: the held-out loss before training)
   held_batches = heldout_batches(held, row_len=row_len, rows=cfg.rows)
 
   def checkpoint(step: int) -> None:

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from clawjax.config import ConfigError
-from clawjax.sft.config import DataConfig, sft_config
+from clawjax.sft.config import sft_config
 from clawjax.sft.data import DataError, FormatError, read_conversations
 from clawjax.sft.dataset import load_trees
 from clawjax.text.templates import load_template

@@ -70,8 +70,8 @@ def test_only_rollouts_scored_at_least_min_score_are_trained(eval_run, min_score
   wanted = {r["rollout_id"] for r in results if r["final_score"] >= min_score}
   assert {t.rollout_id.rsplit(":", 1)[1] for t in trees} == wanted
   below = sum(r["final_score"] < min_score for r in results)
-  assert counts == collections.Counter({"rft_rollouts": 5, "rft_trained": len(wanted), "whole": len(wanted),
-                                        **({"rft_below_min_score": below} if below else {})})
+  assert counts == collections.Counter({"rollouts": 5, "rollouts_trained": len(wanted), "whole": len(wanted),
+                                        **({"rollouts_below_min_score": below} if below else {})})
   calls = load(run / "calls").calls
   for t in trees:
     logged = calls[t.rollout_id.rsplit(":", 1)[1]]

@@ -1,7 +1,7 @@
 """A whole SFT run (`run_stage`): a crash and rerun ends exactly where an uninterrupted run does (weights
 bit for bit, the same metrics, one line per update); the learning rate follows transformers'
-`cosine_with_min_lr` with warm-up (written out independently below); a resume on another config or
-other data is refused; the export loads with clawjax's loader and with `transformers` (logits and
+`cosine_with_min_lr` with warm-up (written out independently below); sharded over a mesh it computes the
+same losses; a resume on another config or other data is refused; the export loads with clawjax's loader and with `transformers` (logits and
 tokenizer ids agree), and renders with the same chat template."""
 from __future__ import annotations
 
@@ -103,6 +103,12 @@ def test_a_crashed_run_resumes_to_the_same_weights_and_metrics(tmp_path):
   assert data["counts"] == {"conversations": 8, "whole": 8} and data["heldout_trees"] == 6
   assert json.loads((tmp_path / "straight" / "environment.json").read_text())["schema"] == "clawjax.environment/1"
   assert all(0 <= r["padding_fraction"] < 0.1 for r in rows["straight"][1:])
+
+  # Sharded over a 2 x 2 (data x fsdp) mesh, the same batches give the same losses.
+  _run(_config(tmp_path, mesh={"data": 2, "fsdp": 2}, steps=2), tmp_path / "sharded")
+  sharded = read_metrics(tmp_path / "sharded", "sft")
+  np.testing.assert_allclose([sharded[0]["heldout_nll"], sharded[1]["nll"]],
+                             [rows["straight"][0]["heldout_nll"], rows["straight"][1]["nll"]], rtol=1e-5)
 
   # A resume must train what the run started with.
   with pytest.raises(ConfigError, match="learner.lr"):
