@@ -300,6 +300,29 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tup
           if a.get(k, missing) != b.get(k, missing)}
 
 
+def check_resume(saved: Mapping[str, Any], cfg: Any, resumable: Sequence[str], allow: bool) -> None:
+  """A resumed run must run what it started with: a ConfigError listing what differs between the run's
+  saved config (its config.json) and `cfg`, leaving out the fields `resumable` (and what they hold),
+  unless `allow`."""
+  diff = {k: v for k, v in differences(saved, to_json(cfg)).items()
+          if not any(k == f or k.startswith(f + ".") for f in resumable)}
+  if diff and not allow:
+    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
+    raise ConfigError(f"config differs from the run's config.json ({listed}); resume it unchanged, use "
+                      "another --workdir, or pass --config.allow_config_change=True")
+
+
+def check_tensorboard(enabled: bool) -> None:
+  """`tensorboard=True` needs tensorboardX: a ConfigError saying how to get it, before anything starts."""
+  if not enabled:
+    return
+  try:
+    import tensorboardX  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    raise ConfigError("config.tensorboard: needs tensorboardX (pip install 'clawjax[tensorboard]'), "
+                      "or set --config.tensorboard=False") from None
+
+
 # ---- plugins -----------------------------------------------------------------------------------------
 
 

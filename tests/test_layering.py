@@ -25,6 +25,9 @@ FORBIDDEN = {
     "evaluation": {"train"},
     # (training and evaluation both write their run's report at the end)
     "report": {"train", "evaluation", "run", "serving", "harness", "engine", "rl"},
+    # The SFT stage sits beside RL: the train loop uses it for its cold start, so it uses nothing of train
+    # (its metrics writer is passed in) and runs no harness or engine of its own.
+    "sft": {"train", "evaluation", "harness", "engine", "tasks"},
 }
 
 

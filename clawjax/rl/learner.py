@@ -59,10 +59,13 @@ class TrainState:
   value_opt_state: Any = None       # optimizer state of value pretraining (critic params only)
 
 
-def make_optimizer(cfg: LearnerConfig, lr: float) -> optax.GradientTransformation:
-  """The optimizer of one parameter group (the policy, or the critic) at peak learning rate `lr`, with its
-  own gradient-norm clip: one group's large gradients never shrink the other's step."""
-  schedule = optax.linear_schedule(0.0, lr, cfg.warmup_steps) if cfg.warmup_steps else lr
+def make_optimizer(cfg: LearnerConfig, lr: float, schedule: optax.Schedule | None = None
+                   ) -> optax.GradientTransformation:
+  """The optimizer of one parameter group (the policy, or the critic) at peak learning rate `lr` (warmed
+  up over `cfg.warmup_steps`), or at `schedule` (the learning rate as a function of the update count)
+  when given, with its own gradient-norm clip: one group's large gradients never shrink the other's step."""
+  if schedule is None:
+    schedule = optax.linear_schedule(0.0, lr, cfg.warmup_steps) if cfg.warmup_steps else lr
   if cfg.optimizer == "adamw":
     opt = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
   else:
@@ -102,7 +105,10 @@ class Learner:
   """Owns the train state of a policy (and optional critic) on a mesh, and the jitted steps."""
 
   def __init__(self, cfg: LearnerConfig, policy: nnx.Module, *, value: nnx.Module | None = None,
-               mesh: Mesh | None = None, rules: Sequence[tuple[str, Any]] = sharding.DEFAULT_RULES):
+               mesh: Mesh | None = None, rules: Sequence[tuple[str, Any]] = sharding.DEFAULT_RULES,
+               policy_schedule: optax.Schedule | None = None):
+    """`policy_schedule`: the policy's learning rate as a function of its update count, in place of
+    `cfg.lr` warmed up over `cfg.warmup_steps` (the SFT stage's warm-up and cosine decay)."""
     self.cfg = cfg
     self.loss_spec = check_loss(cfg, where="LearnerConfig")
     if (value is None) != (cfg.value.kind == "none"):
@@ -116,7 +122,8 @@ class Learner:
       self.value_def, params["value"], self.value_rest = nnx.split(value, nnx.Param, ...)
     self._loss_slots = cfg.logits_chunk
     # One optimizer per parameter group; the critic's pretraining has one of its own (its own state).
-    self.txs = {name: make_optimizer(cfg, cfg.lr if name == "policy" else cfg.value.lr) for name in params}
+    self.txs = {name: make_optimizer(cfg, cfg.lr, policy_schedule) if name == "policy"
+                else make_optimizer(cfg, cfg.value.lr) for name in params}
     self.value_tx = make_optimizer(cfg, cfg.value.pretrain_lr)
 
     param_sh = {k: sharding.state_shardings(v, self.mesh, rules) for k, v in params.items()}

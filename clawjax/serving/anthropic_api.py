@@ -94,8 +94,10 @@ def _message(m: Any, i: int) -> list[Message]:
   raise invalid(f"{where}.role", f"expected 'user', 'assistant' or 'system', got {role!r}")
 
 
-def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None = None
-                   ) -> ChatRequest:
+def parse_conversation(body: Any, memo: MessageMemo | None = None) -> tuple[list[Message], list[ToolSpec]]:
+  """A body's `system`, `messages` and `tools` as a request's are converted, without what only a request
+  must meet: a recorded conversation (an SFT trajectory) may end with the assistant's turn. ApiError
+  names the field."""
   body = v.check(body, "body", dict)
   memo = memo or MessageMemo()
   messages: list[Message] = []
@@ -108,6 +110,15 @@ def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None
   if not raw:
     raise invalid("messages", "at least one message is required")
   messages += memo.convert(raw, _message)
+  return messages, memo.convert_tools(v.get(body, "tools", "", list, default=[]), _tools)
+
+
+def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None = None
+                   ) -> ChatRequest:
+  body = v.check(body, "body", dict)
+  memo = memo or MessageMemo()
+  messages, tools = parse_conversation(body, memo)
+  raw = body["messages"]
   if raw[-1].get("role") == "assistant":
     raise invalid(f"messages.{len(raw) - 1}.role", "a final assistant turn (prefill) is not supported")
   max_tokens = v.positive_int(body, "max_tokens") if need_max_tokens else None
@@ -121,8 +132,7 @@ def parse_messages(body: Any, *, need_max_tokens: bool, memo: MessageMemo | None
   for k in sampling:
     v.get(body, k, "", float, default=None)
   return ChatRequest(
-      model=v.get(body, "model", "", str), messages=messages,
-      tools=memo.convert_tools(v.get(body, "tools", "", list, default=[]), _tools), max_tokens=max_tokens,
+      model=v.get(body, "model", "", str), messages=messages, tools=tools, max_tokens=max_tokens,
       stream=v.get(body, "stream", "", bool, default=False), enable_thinking=enable_thinking,
       client_sampling=sampling)
 

@@ -74,6 +74,18 @@ def _tools(tools: Any) -> list[ToolSpec]:
   return out
 
 
+def parse_conversation(body: Any, memo: MessageMemo | None = None) -> tuple[list[Message], list[ToolSpec]]:
+  """A body's `messages` and `tools` as a request's are converted, without what only a request must meet:
+  a recorded conversation (an SFT trajectory) may end with the assistant's turn. ApiError names the field."""
+  body = v.check(body, "body", dict)
+  raw = v.get(body, "messages", "", list)
+  if not raw:
+    raise invalid("messages", "at least one message is required")
+  memo = memo or MessageMemo()
+  messages = memo.convert(raw, lambda m, i: [_message(m, f"messages.{i}")])
+  return messages, memo.convert_tools(v.get(body, "tools", "", list, default=[]), _tools)
+
+
 def _finish_reason(result: ChatResult) -> str:
   if result.finish_reason == "length":
     return "length"
@@ -132,13 +144,10 @@ class OpenAIDialect(Dialect):
 
   def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     body = v.check(body, "body", dict)
-    raw = v.get(body, "messages", "", list)
-    if not raw:
-      raise invalid("messages", "at least one message is required")
     memo = memo or MessageMemo()
-    messages = memo.convert(raw, lambda m, i: [_message(m, f"messages.{i}")])
+    messages, tools = parse_conversation(body, memo)
     if messages[-1].role == "assistant":
-      raise invalid(f"messages.{len(raw) - 1}.role", "a final assistant turn is not supported")
+      raise invalid(f"messages.{len(body['messages']) - 1}.role", "a final assistant turn is not supported")
     n = v.get(body, "n", "", int, default=1)
     if n != 1:
       raise invalid("n", f"only n=1 is supported, got {n}")
@@ -150,8 +159,7 @@ class OpenAIDialect(Dialect):
       v.get(body, k, "", float, default=None)
     return ChatRequest(
         model=v.get(body, "model", "", str), messages=messages,
-        tools=memo.convert_tools(v.get(body, "tools", "", list, default=[]), _tools),
-        max_tokens=max_tokens, stream=v.get(body, "stream", "", bool, default=False),
+        tools=tools, max_tokens=max_tokens, stream=v.get(body, "stream", "", bool, default=False),
         enable_thinking=None if effort is None else effort not in ("none", "minimal"),
         include_usage=v.get(options, "include_usage", "stream_options", bool, default=False),
         client_sampling=sampling)

@@ -41,6 +41,10 @@ RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", 
                      "rollout.work_root", "distributed")
 
 
+SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
+                   "and start from a cold-start model (experiments/sft.py) as model.init")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   tasks: str                                # task dir / directory of tasks / JSONL (clawjax.tasks)
@@ -121,6 +125,7 @@ class TrainConfig:
         ("value_pretrain_steps", self.value_pretrain_steps == 0 or self.learner.value.kind != "none",
          "needs learner.value.kind 'shared' or 'separate'"),
         ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),
+        ("sft.steps", not (self.sft.steps and self.distributed.multi_process), SFT_ONE_PROCESS),
     ]
     for field, ok, message in checks:
       if not ok:
@@ -128,12 +133,7 @@ class TrainConfig:
     check_loss(self.learner)
     if self.sft.steps:
       check_demonstrator(self.sft)
-    if self.tensorboard:
-      try:
-        import tensorboardX  # pylint: disable=import-outside-toplevel,unused-import
-      except ImportError:
-        raise ConfigError("config.tensorboard: needs tensorboardX (pip install 'clawjax[tensorboard]'), "
-                          "or set --config.tensorboard=False") from None
+    config_lib.check_tensorboard(self.tensorboard)
 
 
 def train_config(config: Mapping[str, Any] | Any, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -144,9 +144,4 @@ def train_config(config: Mapping[str, Any] | Any, overrides: Sequence[str] = ())
 def check_resume(saved: Mapping[str, Any], cfg: TrainConfig) -> None:
   """A resumed run must train what it started with: a ConfigError listing the differences from the
   run's config.json (beyond RESUMABLE_CHANGES) unless `allow_config_change`."""
-  diff = {k: v for k, v in config_lib.differences(saved, config_lib.to_json(cfg)).items()
-          if not any(k == f or k.startswith(f + ".") for f in RESUMABLE_CHANGES)}
-  if diff and not cfg.allow_config_change:
-    listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:8])
-    raise ConfigError(f"config differs from the run's config.json ({listed}); resume it unchanged, use "
-                      "another --workdir, or pass --config.allow_config_change=True")
+  config_lib.check_resume(saved, cfg, RESUMABLE_CHANGES, cfg.allow_config_change)

@@ -44,6 +44,7 @@ from flax import nnx
 from clawjax import config as config_lib
 from clawjax import distributed, progress, sharding
 from clawjax.calllog import CallLogWriter, RolloutRecord, iter_records
+from clawjax.config import ConfigError
 from clawjax.models.loading import load_model
 from clawjax.models.model import Decoder
 from clawjax.report.run import write_report
@@ -55,7 +56,7 @@ from clawjax.run.start import start_run
 from clawjax.tasks import select_tasks
 from clawjax.train.async_loop import run_async
 from clawjax.train.cold_start import record_demos, run_sft
-from clawjax.train.config import TrainConfig, check_resume
+from clawjax.train.config import SFT_ONE_PROCESS, TrainConfig, check_resume
 from clawjax.train.groups import Group, step_groups
 from clawjax.train.layout import RunLayout
 from clawjax.train.metrics import MetricsWriter, read_metrics
@@ -152,16 +153,16 @@ class Trainer:
     return Learner(cfg.learner, policy, value=value, mesh=self.mesh)
 
   def _cold_start(self, policy: Decoder) -> Decoder:
-    """Each process records the demonstrations of its share of the tasks; the SFT updates are global."""
     cfg = self.cfg
-    out = self.workdir / "sft" if self.layout.process_count == 1 else self.workdir / "sft" / f"process_{self.layout.process_index}"
+    if self.layout.process_count > 1:  # (auto-detected processes; TrainConfig refuses the explicit case)
+      raise ConfigError(f"config.sft.steps: {SFT_ONE_PROCESS}")
+    out = self.workdir / "sft"
     _set_aside(out)  # demonstrations of an SFT stage a crash interrupted: record afresh
-    out.mkdir(parents=True)
+    out.mkdir()
     start = time.time()
-    tasks = self.tasks[self.layout.process_index::self.layout.process_count]
-    trees, scores = record_demos(cfg, tasks, out)
+    trees = record_demos(cfg, self.tasks, out)
     self.metrics.truncate("sft", 1)
-    policy = run_sft(policy, trees, scores, cfg.sft, cfg.learner, self.metrics, cfg.seed)
+    policy = run_sft(policy, trees, cfg.sft, cfg.learner, self.metrics, cfg.seed)
     log.info("cold-start SFT: %d steps on %d demonstrations in %.0f s", cfg.sft.steps, len(trees),
              time.time() - start)
     return policy

@@ -164,13 +164,18 @@ def _groups(trees: Sequence[CallTree], scores: RolloutScores | None,
 
 
 def pack_trees(trees: Sequence[CallTree], scores: RolloutScores, *, row_len: int,
-               rows: int | None = None, share_prompts: bool = False) -> PackedBatch:
+               rows: int | None = None, share_prompts: bool = False,
+               rows_of: Sequence[int] | None = None) -> PackedBatch:
   """The tree layout: each tree one segment, a shared prefix stored once; with `share_prompts`, the
-  trees of a GRPO group (scores.group_ids_N) also store their common task prompt once."""
+  trees of a GRPO group (scores.group_ids_N) also store their common task prompt once. `rows_of`: the
+  row of each tree (non-empty trees, without `share_prompts`) when the caller planned the rows itself
+  (the SFT stage's length binning), in place of first-fit decreasing."""
+  if rows_of is not None and (share_prompts or len(rows_of) != len(trees) or not all(t.size for t in trees)):
+    raise ValueError("pack_trees: rows_of needs one row per tree, non-empty trees and no share_prompts")
   def segments_of(kept: list[CallTree]) -> list[_Segment]:
     plan = _plan(kept, _groups(kept, scores, share_prompts), row_len)
     return [_tree_segment([kept[i] for i in idx], p) for p, idx in plan]
-  return _pack(trees, scores, segments_of, row_len, rows)
+  return _pack(trees, scores, segments_of, row_len, rows, rows_of)
 
 
 def pack_paths(trees: Sequence[CallTree], scores: RolloutScores, *, row_len: int,
@@ -210,7 +215,7 @@ def _rows_needed(trees: list[CallTree], scores: RolloutScores | None, row_len: i
 
 def _pack(trees: Sequence[CallTree], scores: RolloutScores,
           segments_of: Callable[[list[CallTree]], list[_Segment]], row_len: int,
-          rows: int | None) -> PackedBatch:
+          rows: int | None, row_of: Sequence[int] | None = None) -> PackedBatch:
   trees = [t for t in trees if t.size]
   index = _score_index(trees, scores)
   segments = segments_of(trees)
@@ -218,7 +223,13 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores,
     if len(s) > row_len:
       raise ValueError(f"rollout {s.rollout_ids[0]!r}: a segment of {len(s)} tokens exceeds "
                        f"row_len={row_len}; raise row_len or lower the rollout's context")
-  row_of = first_fit([len(s) for s in segments], row_len)
+  if row_of is None:
+    row_of = first_fit([len(s) for s in segments], row_len)
+  else:
+    fill = np.bincount(np.asarray(row_of, np.int64), weights=[len(s) for s in segments])
+    if len(fill) and fill.max() > row_len:
+      raise ValueError(f"rows_of puts {int(fill.max())} tokens in row {int(fill.argmax())}, more than "
+                       f"row_len={row_len}")
   n_rows = max(row_of, default=-1) + 1
   if rows is not None:
     if n_rows > rows:

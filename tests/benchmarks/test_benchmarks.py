@@ -59,3 +59,16 @@ def test_shim_benchmark_reports_every_level(mode):
     if incremental:
       assert r["variant_ms"]["p50"] > r["variant_in_shim_before_fsync_ms"]["p50"] > 0
       assert r["variant_cpu_ms_per_call"] > 0 and set(r["cpu_ms_per_round"]) >= {"shim", "variant"}
+
+
+@pytest.mark.slow
+def test_sft_throughput_benchmark_packs_the_same_tokens_with_less_padding():
+  import sft_throughput  # pylint: disable=import-outside-toplevel
+  out = sft_throughput.main(["--conversations", "24", "--median-len", "60", "--row-len", "512", "--rows", "2",
+                             "--d-model", "64", "--layers", "1", "--vocab", "512", "--attention-block", "128",
+                             "--logits-chunk", "32"])
+  packed, unpacked = out["packed"], out["unpacked"]
+  assert packed["tokens"] == unpacked["tokens"] > 0  # the same conversations, every one once
+  assert unpacked["batches"] == 12 and packed["batches"] < unpacked["batches"]
+  assert 0 <= packed["padding_fraction"] < unpacked["padding_fraction"] < 1
+  assert packed["tokens_per_s"] > 0 and unpacked["tokens_per_s"] > 0 and out["speedup"] > 0

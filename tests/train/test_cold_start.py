@@ -1,13 +1,23 @@
 """Cold-start SFT: the "sft" loss is the mean token NLL of the demonstrated tokens (checked against
 float64 numpy on the model's full-vocabulary logits), untouched by the TIS weight; the demonstrator
-writes each listed word equally often per task."""
+writes each listed word equally often per task; demonstrations recorded through the harness are read and
+trained by the SFT stage's code."""
 from __future__ import annotations
 
 import collections
+import pathlib
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from clawjax import config as config_lib
+from clawjax.calllog import load
+from clawjax.models.loading import load_model
+from clawjax.tasks import select_tasks
+from clawjax.train.cold_start import record_demos, run_sft
+from clawjax.train.config import train_config
+from clawjax.train.metrics import MetricsWriter, read_metrics
 
 from clawjax.data.quickstart.demonstrator import ChoiceDemonstrator
 from clawjax.models.config import PRESETS
@@ -18,6 +28,8 @@ from clawjax.text.templates import RESPONSE_OPEN, load_template
 from clawjax.tree.batch import PackedBatch
 
 TINY = PRESETS["test-tiny-vocab"].replace(n_layers=1, vocab_size=128)
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+quickstart = config_lib.config_module(str(ROOT / "configs" / "quickstart.py"), "quickstart.py")
 
 
 def _causal_batch(tokens: np.ndarray, trained: np.ndarray, logp_rollout: np.ndarray) -> PackedBatch:
@@ -64,3 +76,27 @@ def test_demonstrator_is_balanced_per_task():
   assert counts == {(f, w): 2 for f in ("x", "y") for w in "abcd"}
   after_tool = template.tokenizer.encode(f"{RESPONSE_OPEN}\nwrote 1 chars")
   assert demo(after_tool).text == "Done." and not demo(after_tool).tool_calls
+
+
+def test_demonstrations_are_recorded_through_the_harness_and_trained_by_the_sft_loop(tmp_path):
+  """The quickstart's cold start: demonstrations through the real `mini` and shim, read back by the SFT
+  stage's call-log source (each tree exactly the demonstrator's logged calls), then trained by its loop."""
+  c = quickstart.get_config().to_dict()
+  c.update(progress=False, tensorboard=False)
+  c["rollout"]["work_root"] = str(tmp_path / "work")
+  c["sft"].update(demos_per_task=2, steps=3, concurrency=4)
+  cfg = train_config(c)
+  tasks = select_tasks(cfg.tasks)
+  trees = record_demos(cfg, tasks, tmp_path / "sft")
+  assert len(trees) == 2 * len(tasks)
+  calls = load(tmp_path / "sft" / "calls").calls
+  for t in trees:
+    logged = calls[t.rollout_id.rsplit(":", 1)[1]]
+    assert t.tokens_T.tolist() == list(logged[-1].input_ids + logged[-1].output_ids)
+    assert (t.owner_T >= 0).sum() == sum(len(c.output_ids) for c in logged)
+  metrics = MetricsWriter(tmp_path, tensorboard=False)
+  policy = load_model(cfg.model.init, random_init=True, **cfg.model.overrides).model
+  run_sft(policy, trees, cfg.sft, cfg.learner, metrics, cfg.seed)
+  metrics.close()
+  rows = read_metrics(tmp_path, "sft")
+  assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["nll"] < rows[0]["nll"]

@@ -94,6 +94,8 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["plugins=no_such_module_xyz"], r"^config\.plugins: cannot import 'no_such_module_xyz'"),
     (["sft.demonstrator=clawjax.data.quickstart.demonstrator:Nope"], r"^config\.sft\.demonstrator: cannot import"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
+    (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
+     r"^config\.sft\.steps: the cold start through the harness runs in one process"),
 ])
 def test_bad_keys_types_and_names_are_one_line_errors(overrides, message):
   with pytest.raises(ConfigError, match=message) as err:

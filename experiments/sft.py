@@ -1,0 +1,57 @@
+r"""Cold-start SFT (ClawII-Cold) or rejection-sampling fine-tuning, in JAX on the RL learner.
+
+  python experiments/sft.py --config=configs/sft/cpu_small.py --workdir=runs/sft-cpu
+  python experiments/sft.py --config=configs/sft/cold_start_30a3b.py --config.data.openai=SFT.jsonl \
+      --config.model.init=PATH/Qwen3-30B-A3B --workdir=runs/cold_30a3b
+  python experiments/sft.py --config=configs/sft/cpu_small.py --config.data.openai= \
+      --config.data.calls=runs/eval/toy --config.min_score=1.0 --workdir=runs/rft   # RFT from a run
+
+Sources: `data.openai` / `data.anthropic` (trajectory JSONL), `data.calls` (train or eval run dirs,
+rollouts scored >= min_score). Any field of the config (clawjax/sft/config.py) can be set with
+`--config.a.b=v`; `--print_config` prints the resolved config. Rerunning a command resumes from WORKDIR's
+last checkpoint. The trained model goes to WORKDIR/hf (a Hugging Face directory: pass it to train.py as
+`--config.model.init`). Ends by printing the summary as one JSON line.
+"""
+
+import json
+import logging
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from clawjax import config as config_lib
+from clawjax.sft.config import sft_config
+from clawjax.sft.data import DataError
+from clawjax.sft.stage import run_stage
+from clawjax.train.metrics import MetricsWriter
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/sft/*.py", lock_config=True,
+                                          sys_argv=config_lib.argv_without_overrides(sys.argv))
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, hf export)")
+_PRINT = flags.DEFINE_bool("print_config", False, "print the resolved config as JSON and exit")
+
+
+def main(args: config_lib.Args) -> None:
+  absl_logging.set_verbosity(absl_logging.WARNING)  # clawjax's progress at INFO; libraries only warn
+  logging.getLogger("clawjax").setLevel(logging.INFO)
+  try:
+    cfg = sft_config(_CONFIG.value, args.overrides)
+    if _PRINT.value:
+      print(json.dumps(config_lib.to_json(cfg), indent=2))
+      return
+    if not _WORKDIR.value:
+      sys.exit("error: --workdir is required")
+    metrics = MetricsWriter(_WORKDIR.value, cfg.tensorboard)
+    try:
+      summary = run_stage(cfg, _WORKDIR.value, metrics)
+    finally:
+      metrics.close()
+  except (config_lib.ConfigError, DataError) as e:
+    sys.exit(f"error: {e}")
+  print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=config_lib.parse_flags)
