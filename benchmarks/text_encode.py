@@ -23,6 +23,7 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import shim_overhead  # pylint: disable=g-import-not-at-top,wrong-import-position
+from clawjax.environment import describe as describe_environment  # pylint: disable=g-import-not-at-top,wrong-import-position
 from clawjax.text import Message, PromptBuilder, ToolSpec, load_template  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -67,6 +68,7 @@ def main() -> None:
       "encode": timed(lambda: template.tokenizer.encode(text), args.reps),
       "render": timed(lambda: template.render(messages, tools), args.reps),
       "builder_call": timed(next_call, args.reps),
+      "environment": describe_environment(),
   }))
 
 
