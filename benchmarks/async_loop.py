@@ -7,8 +7,9 @@ own core(s).
 The loop is the quickstart's (configs/quickstart.py: its toy policy, the mini harness, its four tasks,
 its cold start), with the engine in `python -m clawjax.engine` (started from the quickstart's initial
 weights, exported; the trainer pushes every update to it over its weight-update endpoint) instead of in
-the trainer's process. Four runs: sync and async for `--steps` steps (reward gain), then sync and async
-for `--straggler-steps` steps with one straggling rollout per step (its harness starts late by
+the trainer's process; the async runs let one step of rollouts run ahead (`batch.max_staleness=1`; the
+quickstart's own is 0, strictly on-policy). Four runs: sync and async for `--steps` steps (reward gain),
+then sync and async for `--straggler-steps` steps with one straggling rollout per step (its harness starts late by
 `--straggler-factor` times the median rollout time of the first sync run).
 
 Prints one JSON object: {"sync": {"step_s", "rollout_s", "learner_s", "reward_gain"}, "async": {...,
@@ -60,7 +61,7 @@ def _config(steps: int, url: str, export: str, async_rl: bool, harness: str, ini
   return train_config(module.get_config(), [f"steps={steps}", f"async_rl={async_rl}", "engine.backend=sglang",
                              f"engine.url={url}", f"engine.export_dir={export}", "engine.options={}",
                              f"harnesses={harness}", "progress=false", "plot=false", "tensorboard=false",
-                             "checkpoint_every=1000"]
+                             "checkpoint_every=1000", f"batch.max_staleness={int(async_rl)}"]
                       + ([f"model.init={init}", "model.random_init=false", "model.overrides={}", "sft.steps=0"]
                          if init else []))
 

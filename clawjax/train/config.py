@@ -126,6 +126,8 @@ class TrainConfig:
          "needs learner.value.kind 'shared' or 'separate'"),
         ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),
         ("sft.steps", not (self.sft.steps and self.distributed.multi_process), SFT_ONE_PROCESS),
+        ("async_rl", not self.async_rl or self.batch.max_staleness >= 1,
+         "needs batch.max_staleness >= 1 (how many steps of rollouts may run ahead of the learner); it is 0"),
     ]
     for field, ok, message in checks:
       if not ok:

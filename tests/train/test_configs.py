@@ -93,6 +93,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["learner=3"], r"^config\.learner: cannot read '3' as LearnerConfig"),
     (["plugins=no_such_module_xyz"], r"^config\.plugins: cannot import 'no_such_module_xyz'"),
     (["sft.demonstrator=clawjax.data.quickstart.demonstrator:Nope"], r"^config\.sft\.demonstrator: cannot import"),
+    (["async_rl=true"], r"^config\.async_rl: needs batch\.max_staleness >= 1"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),
