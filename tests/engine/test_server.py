@@ -1,6 +1,7 @@
 """The SGLang-protocol server, through a plain HTTP client and through the shim's `sglang` backend."""
 
 import asyncio
+import dataclasses
 import json
 import urllib.error
 import urllib.request
@@ -150,17 +151,19 @@ def test_shim_sglang_backend_client_round_trip(model):
                                                    stop_token_ids=(EOS,)))
       assert gen.output_ids == direct.output_ids and gen.policy_version == 0
       np.testing.assert_allclose(gen.output_logprobs, direct.output_logprobs, atol=1e-6)
-      # Streamed (the shim's --incremental-stream): an event per token, then the finish.
+      # Streamed (the shim's --incremental-stream): an event per token, then the finish; the prompt was
+      # seen before, so the engine reports its prefix as cached.
       got = []
       streamed = await backend.generate_streaming(
           PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9), got.append)
-      assert streamed == gen and got == [[t] for t in gen.output_ids]
+      assert gen.cached_tokens == 0 and streamed.cached_tokens > 0
+      assert dataclasses.replace(streamed, cached_tokens=0) == gen and got == [[t] for t in gen.output_ids]
       assert await backend.health()
       await backend.flush_cache()  # answered in plain text, as SGLang does
       with pytest.raises(BackendError, match="HTTP 401"):
         await keyless.flush_cache()
       assert (await keyless.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
-              ) == gen  # (generation needs no key)
+              ) == gen  # (generation needs no key; the flush forgot the cached prefix)
     finally:
       await backend.close()
       await keyless.close()
