@@ -9,6 +9,9 @@ Kernels live in `KERNELS` (name -> function, chosen by `ModelConfig.attention_im
              and, through rematerialisation, per query block in the backward pass; key blocks that no
              query of the block can see (after the queries, subtrees ended before them, other segments)
              are skipped with `lax.cond`.
+Under the learner's mesh a kernel runs per shard (`shard_map` over the rows' and heads' mesh axes): which
+key blocks to skip is each device's decision about its own rows, with no collective per block, and a
+device holding only padding rows skips them all.
 TPU hook: a Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) would be
 registered here with `register_kernel("splash", fn)`. It takes the same arguments; the tree mask is not
 one of splash's static masks, so it would be passed as segment ids plus a per-block "any visible" table
@@ -26,9 +29,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import spmd
+from jax.sharding import PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import RMSNorm, apply_rope, constrain, param
+from clawjax.sharding import logical_to_mesh
 
 _NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN
 
@@ -143,6 +149,25 @@ def register_kernel(name: str, kernel: Kernel) -> None:
   KERNELS[name] = kernel
 
 
+def per_shard(kernel: Kernel, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
+  """`kernel` on each device's rows and heads when tracing under a mesh with logical axis rules (as the
+  learner's steps do); the kernel itself elsewhere. Heads stay whole on a device unless the query and
+  key/value heads split alike (GQA groups must not straddle devices)."""
+  rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+  if not rules or mesh.empty:
+    return kernel(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, block=block)
+  q_spec = logical_to_mesh(("batch", "length", "heads", "head_dim"), q_BTNH.shape, mesh, rules)
+  kv_spec = logical_to_mesh(("batch", "length", "kv_heads", "head_dim"), k_BTKH.shape, mesh, rules)
+  if q_spec[2] != kv_spec[2]:
+    q_spec, kv_spec = P(q_spec[0], None, None, None), P(kv_spec[0], None, None, None)
+  rows_spec = P(q_spec[0], None)
+  fn = lambda *args: kernel(*args, block=block)
+  # check_vma off: a skipped block's branch returns the carry as it came, which the varying-axes type
+  # check cannot tell apart from the computed branch.
+  return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, rows_spec, rows_spec),
+                       out_specs=q_spec, check_vma=False)(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT)
+
+
 class Attention(nnx.Module):
   """GQA self-attention with optional q/k RMSNorm (Qwen3) and RoPE at `positions` (tree depth).
 
@@ -183,5 +208,5 @@ class Attention(nnx.Module):
                subtree_end_BT: jax.Array) -> jax.Array:
     q_BTNH, k_BTKH, v_BTKH = self.project_qkv(x_BTD, positions_BT)
     kernel = KERNELS[self.cfg.attention_impl]
-    o_BTNH = kernel(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, block=self.cfg.attention_block)
+    o_BTNH = per_shard(kernel, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, block=self.cfg.attention_block)
     return self.project_out(constrain(o_BTNH, ("batch", "length", "heads", "head_dim")))

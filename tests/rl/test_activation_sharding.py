@@ -99,3 +99,21 @@ def test_moe_experts_shard_over_expert_axis_and_step_matches_single_device():
     assert value.sharding.spec == spec, name
     assert value.addressable_shards[0].data.shape == tuple(
         dim // (mesh.shape[axis] if axis else 1) for dim, axis in zip(value.shape, spec)), name
+
+
+def test_blocked_attention_runs_per_shard_and_step_matches_single_device():
+  """Under the mesh the blocked kernel runs on each device's own rows (a manual computation over the
+  batch axes, heads over "tensor"): which key blocks to skip is decided per device, with no collective
+  in the block loop, so a device holding only padding rows skips all of them. One row of four is real
+  here, as when a step has fewer rows than data-parallel devices."""
+  blocked = TINY.replace(attention_impl="blocked", attention_block=32)
+  make = lambda: Decoder(blocked, rngs=nnx.Rngs(0))
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
+  rng = np.random.default_rng(2)
+  trees = [dataclasses.replace(t, advantage=abs(t.advantage) + 0.5) for t in [random_tree(rng, 40, TINY.vocab_size)]]
+  batch = tree_layout(trees, rows=4, length=96)
+  learner = Learner(CFG, make(), mesh=mesh)
+  text = learner._train.lower(learner.state, learner.prepare(batch), learner.rest).as_text()
+  manual = re.findall(r"sdy\.manual_computation.*manual_axes=\{([^}]*)\}", text)
+  assert manual and all({"data", "fsdp", "tensor"} <= set(re.findall(r'"(\w+)"', m)) for m in manual), manual
+  _assert_step_matches_single_device(CFG, make, mesh, batch)
