@@ -1,7 +1,8 @@
-"""The RL loop behind real Claude Code and real OpenClaw: a mix-harness run (both harnesses on the same
-task, each its own GRPO group) with every token sampled by the embedded engine (test-tiny: Qwen3's
-architecture, vocabulary and template at toy width, random weights) in the paper's 64K window, one
-synchronous step, then, resumed with `async_rl`, one asynchronous step.
+"""The RL loop behind real Claude Code and real OpenClaw: the paper's mix-harness config
+(configs/paper/mix_harness_30a3b.py: both harnesses on the same task, each its own GRPO group, the 64K
+window) run by `experiments/train.py`, shrunk on the command line to CPU size: every token sampled by the
+embedded engine (test-tiny: Qwen3's architecture, vocabulary and template at toy width, random weights),
+one synchronous step, then, resumed with `async_rl`, one asynchronous step.
 
 The checker's reward is a hash of the scoring directory (fresh per rollout), so that rewards differ within
 a group and advantages are not zero. Checked: calls logged per harness; each call went through the tree
@@ -9,6 +10,10 @@ filters (counted by reason); one group per (task, harness); the parameters moved
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -20,11 +25,23 @@ from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
 from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
-from clawjax.train.trainer import train
 from tests.harness.helpers import install_or_skip
 from tests.train.test_e2e import CHECK_PY, REWARD_SH
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The paper's config at CPU size. Both groups share one 32K row (each harness's ~10K-token prompt is
+# stored once per group: prompt sharing).
+SHRUNK = ["--config.model.init=test-tiny", '--config.model.overrides={"attention_impl": "blocked"}',
+          "--config.engine.backend=embedded",
+          '--config.engine.options={"max_slots": 4, "max_seq_len": 65536, "prefill_chunk": 2048}',
+          "--config.tasks_per_step=1", "--config.rollouts_per_task=2", "--config.concurrency=4",
+          "--config.shim.max_new_tokens=24", "--config.rollout.timeout_s=600", "--config.rollout.settle_interval_s=0.2",
+          "--config.rollout.harness.max_turns=1", "--config.rollout.harness.timeout_s=540", "--config.rollout.sandbox.mode=auto",
+          "--config.batch.row_len=32768", "--config.batch.rows=1", "--config.learner.lr=1e-2",
+          "--config.learner.logits_chunk=64", "--config.learner.micro_batches=1",
+          "--config.progress=false", "--config.plot=false", "--config.tensorboard=false"]
 
 
 def _task_dir(root):
@@ -38,29 +55,22 @@ def _task_dir(root):
   return root / "tasks"
 
 
-def _config(tasks, steps: int, async_rl: bool):
-  return train_config({
-      "tasks": str(tasks), "harnesses": ("claude_code", "openclaw"), "tasks_per_step": 1,
-      "rollouts_per_task": 2, "steps": steps, "concurrency": 4, "async_rl": async_rl,
-      "allow_config_change": async_rl,
-      "progress": False, "plot": False, "tensorboard": False,
-      "model": {"init": "test-tiny", "overrides": {"attention_impl": "blocked"}},
-      "engine": {"options": {"max_slots": 4, "max_seq_len": 65536, "prefill_chunk": 2048}},
-      "shim": {"max_new_tokens": 24, "temperature": 1.0},  # the 64K window: ShimConfig's default
-      "rollout": {"timeout_s": 600.0, "settle_interval_s": 0.2, "harness": {"max_turns": 1, "timeout_s": 540.0}},
-      # Both groups in one row: each group's ~10K-token harness prompt is stored once (prompt sharing).
-      "batch": {"row_len": 32768, "rows": 1, "max_staleness": 1},
-      "learner": {"lr": 1e-2, "logits_chunk": 64, "micro_batches": 1},
-  })
+def _train(tasks: pathlib.Path, workdir: pathlib.Path, *extra: str) -> None:
+  # One CPU device, as a CPU box runs it: the suite's eight simulated devices would split the two cores
+  # eight ways around the one row.
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "experiments/train.py", "--config=configs/paper/mix_harness_30a3b.py",
+                         f"--config.tasks={tasks}", f"--workdir={workdir}", *SHRUNK, *extra],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
+  assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
   for name in ("claude_code", "openclaw"):
     install_or_skip(name)
   tasks, workdir = _task_dir(tmp_path), tmp_path / "run"
-  train(_config(tasks, steps=1, async_rl=False), workdir)
-  cfg = _config(tasks, steps=2, async_rl=True)
-  train(cfg, workdir)
+  _train(tasks, workdir, "--config.steps=1")
+  _train(tasks, workdir, "--config.steps=2", "--config.async_rl=true", "--config.allow_config_change=true")
   rows = read_metrics(workdir, "rl")
   assert [r["step"] for r in rows] == [1, 2] and "groups/taken" in rows[1] and "groups/taken" not in rows[0]
   loaded = load(workdir / "calls", errors="collect")
@@ -76,7 +86,8 @@ def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
     assert row["trained_rollouts"] > 0 and row["updates"] >= 1 and row["grad_norm"] > 0
 
   # The parameters moved: the checkpoint's policy differs from the initial one.
-  initial = load_model("test-tiny", seed=cfg.seed, attention_impl="blocked").model
+  cfg = train_config(json.loads((workdir / "config.json").read_text()))
+  initial = load_model(cfg.model.init, seed=cfg.seed, **cfg.model.overrides).model
   learner = Learner(cfg.learner, initial)
   before = jax.device_get(learner.state.params["policy"])
   learner.state, _ = Checkpointer(workdir / "checkpoints").restore(learner.state)
