@@ -105,8 +105,8 @@ def _cold_start(work: pathlib.Path) -> str:
   out = work / "cold_start"
   out.mkdir(parents=True, exist_ok=True)
   policy = load_model(cfg.model.init, seed=cfg.seed, random_init=True, **cfg.model.overrides).model
-  trees, scores = record_demos(cfg, select_tasks(cfg.tasks), out)
-  policy = run_sft(policy, trees, scores, cfg.sft, cfg.learner, MetricsWriter(out, tensorboard=False), cfg.seed)
+  trees = record_demos(cfg, select_tasks(cfg.tasks), out)
+  policy = run_sft(policy, trees, cfg.sft, cfg.learner, MetricsWriter(out, tensorboard=False), cfg.seed)
   hf_io.save(policy, out / "model")
   return str(out / "model")
 
