@@ -219,10 +219,10 @@ def batch_shards(mesh: Mesh) -> int:
   return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
-def local_batch_shards(mesh: Mesh) -> int:
-  """How many of the batch's row shards this process's devices hold: the rows it prepares are a multiple
-  of it. Every process must hold rows of its own, as many as the others (no row shard on two processes),
-  since each feeds only its own rows."""
+def local_row_shards(mesh: Mesh) -> tuple[int, ...]:
+  """The indices (ascending) of the batch's row shards that this process's devices hold: the rows it
+  prepares are a multiple of their count. Every process must hold rows of its own, as many as the others
+  (no row shard on two processes), since each feeds only its own rows."""
   shards = batch_shards(mesh)
   index_map = batch_sharding(mesh, 1).devices_indices_map((shards,))
   owners: dict[int, set[int]] = {}  # row shard -> the processes holding it
@@ -236,4 +236,4 @@ def local_batch_shards(mesh: Mesh) -> int:
         f"{jax.process_count()} processes its own equal share; row shards per process: {counts}"
         + (f", row shard {min(shared)} on processes {sorted(shared[min(shared)])}" if shared else "")
         + ". Split data or fsdp across hosts and keep tensor and expert inside one")
-  return counts[jax.process_index()]
+  return tuple(sorted(row for row, procs in owners.items() if jax.process_index() in procs))

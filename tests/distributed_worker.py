@@ -74,7 +74,7 @@ def main(process_id: int, port: int, out: pathlib.Path) -> None:
   hybrid = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2, dcn_data=2, dcn_granule="process"))
   result["hybrid_data_processes"] = [sorted({d.process_index for d in hybrid.devices[i].flat}) for i in range(2)]
   try:
-    sharding.local_batch_shards(sharding.make_mesh(sharding.MeshConfig(data=1, tensor=8)))
+    sharding.local_row_shards(sharding.make_mesh(sharding.MeshConfig(data=1, tensor=8)))
   except ValueError as e:
     result["replicated_rows_error"] = str(e)
 

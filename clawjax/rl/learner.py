@@ -22,7 +22,11 @@ optimizer state are left exactly as they were.
 Params and optimizer state are laid out by clawjax.sharding's logical-axis rules; batch rows are split
 over the data and fsdp mesh axes. In a run of several processes (clawjax.distributed) the mesh spans
 every process's devices and each process prepares only its own rows (`prepare_all`); N is the weight sum
-over the global batch, so the step equals the one-process step on the same rows.
+over the global batch, so the step equals the one-process step on the same rows. A caller that splits
+one global batch over the processes feeds each process the rows `process_rows` names: the global array
+is then the one-process batch, row for row.
+`loss(batch)` is the loss at the current params without a gradient (a held-out loss): one forward pass
+per micro-batch, whose outputs also stand for pi_old (the same params).
 """
 
 from __future__ import annotations
@@ -95,6 +99,15 @@ def _trunk_tokens(batch: DeviceBatch) -> jax.Array:
   return jnp.sum(batch.segment_ids > 0).astype(jnp.float32)
 
 
+def _scan_sum(fn, xs: Any) -> Any:
+  """The sum of fn(x) (a pytree) over the leading axis of `xs`, in a scan: one micro-batch's activations
+  (and gradients) live at a time."""
+  x0 = jax.tree.map(lambda a: a[0], xs)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, x0))
+  body = lambda carry, x: (jax.tree.map(jnp.add, carry, fn(x)), None)
+  return jax.lax.scan(body, zeros, xs)[0]
+
+
 def _deal_rows(perm: jax.Array, x: jax.Array) -> jax.Array:
   """[M, r, ...] -> the same shape with its M x r rows reordered by `perm` (rows stay whole)."""
   rows = x.reshape(-1, *x.shape[2:])
@@ -147,13 +160,15 @@ class Learner:
 
     batch_sh = DeviceBatch(*[sharding.batch_sharding(self.mesh, 3, leading=1)] * len(dataclasses.fields(DeviceBatch)))
     self.batch_sharding = batch_sh
-    self._local_row_shards = sharding.local_batch_shards(self.mesh)  # the row shards this process feeds
+    self._row_shards = sharding.local_row_shards(self.mesh)  # the row shards this process feeds
     traced = lambda fn: sharding.under_mesh(fn, self.mesh, rules)  # activation constraints active
     self._train = jax.jit(traced(self._train_fn), in_shardings=(self.state_sharding, batch_sh, None),
                           out_shardings=(self.state_sharding, replicated), donate_argnums=0)
     self._loss_and_grads = jax.jit(traced(self._loss_and_grads_fn),
                                    in_shardings=(self.state_sharding, batch_sh, None),
                                    out_shardings=(replicated, param_sh, replicated))
+    self._loss = jax.jit(traced(self._loss_fn), in_shardings=(self.state_sharding, batch_sh, None),
+                         out_shardings=replicated)
     self._pretrain = jax.jit(traced(self._pretrain_fn), in_shardings=(self.state_sharding, batch_sh, None),
                              out_shardings=(self.state_sharding, replicated), donate_argnums=0)
 
@@ -177,7 +192,7 @@ class Learner:
     (`jax.make_array_from_process_local_data`)."""
     cfg = self.cfg
     layout = dict(normalisation=cfg.normalisation, micro_batches=cfg.micro_batches,
-                  row_multiple=self._local_row_shards)
+                  row_multiple=len(self._row_shards))
     own = [batch_shape(b, chunk=cfg.logits_chunk, **layout) for b in batches]
     everyone = distributed.allgather_json([dataclasses.astuple(s) for s in own])
     shapes = agree_shapes([[BatchShape(*s) for s in shapes] for shapes in everyone])
@@ -186,6 +201,16 @@ class Learner:
     local = [prepare_batch(b, chunk=cfg.logits_chunk, shape=shape, **layout) for b, shape in zip(batches, shapes)]
     local += [empty_batch(shape, cfg.micro_batches) for shape in shapes[len(batches):]]
     return [jax.make_array_from_process_local_data(self.batch_sharding, b) for b in local]
+
+  def process_rows(self, rows: int) -> list[int]:
+    """The rows of a global batch of `rows` rows that this process feeds, in the order it passes them to
+    `prepare`: the global array the processes assemble is then the one-process batch of those rows, row
+    for row. The rows are padded with empty ones (indices >= rows) to a multiple of micro-batches x row
+    shards; micro-batch m is every row shard's m-th slice, and a process holds its row shards' slices.
+    With one process: 0 .. the padded count - 1."""
+    micro, shards = self.cfg.micro_batches, sharding.batch_shards(self.mesh)
+    per_shard = -(-rows // (micro * shards))  # rows of one micro-batch on one row shard
+    return [(m * shards + s) * per_shard + o for m in range(micro) for s in self._row_shards for o in range(per_shard)]
 
   def step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
     """One step (epochs x minibatches updates); returns the metrics (host floats) including grad_norm,
@@ -206,6 +231,12 @@ class Learner:
     batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
     loss, grads, metrics = self._loss_and_grads(self.state, batch, self.rest)
     return float(loss), grads, {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+  def loss(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
+    """The loss of the whole batch at the current params and its metrics, forward passes only, with
+    `loss_weight` (the weight sum N of every process's rows) and `tokens`."""
+    batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
+    return {k: float(v) for k, v in jax.device_get(self._loss(self.state, batch, self.rest)).items()}
 
   def pretrain_value_step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
     """One critic update on 0.5 (V - R)^2 alone, the policy frozen (for "shared" only the head moves),
@@ -238,23 +269,36 @@ class Learner:
     value_model = nnx.merge(self.value_def, value_params, rest[1])
     return values_at(value_model, h_RKD, mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end, mb.pred_index)
 
+  def _outputs(self, params: dict, rest, mb: DeviceBatch) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """(log-prob, entropy, value or None) of the micro-batch's loss tokens, [r, K] each."""
+    logp, entropy, h = self._policy_tokens(params["policy"], rest, mb)
+    values = self._values(params["value"], rest, mb, h) if self.value_def is not None else None
+    return logp, entropy, values
+
+  def _old_of(self, state: TrainState, rest, mb: DeviceBatch, logp: jax.Array, values: jax.Array | None
+              ) -> dict[str, jax.Array]:
+    """pi_old (and V_old, pi_ref) of a micro-batch, from the current params' outputs (gradient stopped)."""
+    out = {"logp_old": logp}
+    if values is not None:
+      out["values_old"] = values
+    if self.cfg.kl_coef:
+      out["logp_ref"] = self._policy_tokens(state.ref_params, rest, mb)[0]
+    return jax.lax.stop_gradient(out)
+
   def _old_pass(self, state: TrainState, batch: DeviceBatch, rest) -> dict[str, jax.Array]:
     """pi_old (and V_old, pi_ref) for every micro-batch, [M, r, K] each, before any update."""
 
     def one(mb: DeviceBatch) -> dict[str, jax.Array]:
-      logp, _, h = self._policy_tokens(state.params["policy"], rest, mb)
-      out = {"logp_old": logp}
-      if self.value_def is not None:
-        out["values_old"] = self._values(state.params["value"], rest, mb, h)
-      if self.cfg.kl_coef:
-        out["logp_ref"] = self._policy_tokens(state.ref_params, rest, mb)[0]
-      return out
+      logp, _, values = self._outputs(state.params, rest, mb)
+      return self._old_of(state, rest, mb, logp, values)
 
-    return jax.lax.stop_gradient(jax.lax.map(one, batch))
+    return jax.lax.map(one, batch)
 
   def _micro_loss(self, params: dict, rest, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
-    logp, entropy, h = self._policy_tokens(params["policy"], rest, mb)
-    values = self._values(params["value"], rest, mb, h) if self.value_def is not None else None
+    return self._token_loss(self._outputs(params, rest, mb), mb, old, norm, rng)
+
+  def _token_loss(self, outputs: tuple, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
+    logp, entropy, values = outputs
     w_tis, _ = tis_weights(old["logp_old"], mb.logp_rollout, self.cfg.c_bar)
     x = TokenInputs(logp=logp, logp_old=old["logp_old"], logp_rollout=mb.logp_rollout, advantages=mb.advantages,
                     returns=mb.returns, mask=mb.weight > 0, entropy=entropy, values=values,
@@ -268,17 +312,20 @@ class Learner:
   def _accumulate(self, loss_fn, params: Any, batch: DeviceBatch, old: dict, norm: jax.Array):
     """sum over micro-batches of (loss, grad, metrics) of loss_fn(params, mb, old_mb), in a scan."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def body(carry, xs):
-      mb, old_mb = xs
-      (loss, metrics), grads = grad_fn(params, mb, old_mb, norm)
-      return jax.tree.map(jnp.add, carry, (loss, grads, metrics)), None
-
-    mb0 = jax.tree.map(lambda a: a[0], (batch, old))
-    shapes = jax.eval_shape(lambda: grad_fn(params, *mb0, norm))
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (shapes[0][0], shapes[1], shapes[0][1]))
-    (loss, grads, metrics), _ = jax.lax.scan(body, zeros, (batch, old))
+    (loss, metrics), grads = _scan_sum(lambda xs: grad_fn(params, *xs, norm), (batch, old))
     return loss, grads, metrics
+
+  def _loss_fn(self, state: TrainState, batch: DeviceBatch, rest) -> dict[str, jax.Array]:
+    norm = _normaliser(batch)
+    _, step_rng = jax.random.split(state.rng)
+
+    def one(mb: DeviceBatch):
+      outputs = self._outputs(state.params, rest, mb)
+      old = self._old_of(state, rest, mb, outputs[0], outputs[2])  # pi_old: these very params
+      return self._token_loss(outputs, mb, old, norm, step_rng)
+
+    loss, metrics = _scan_sum(one, batch)
+    return dict(metrics, loss=loss, loss_weight=jnp.sum(batch.weight), tokens=_trunk_tokens(batch))
 
   def _loss_and_grads_fn(self, state: TrainState, batch: DeviceBatch, rest):
     old = self._old_pass(state, batch, rest)

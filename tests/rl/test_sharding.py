@@ -51,4 +51,4 @@ def test_dcn_fields_are_checked_and_one_process_holds_every_row_shard():
   with pytest.raises(ValueError, match="must equal the product"):
     sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2, dcn_data=2, dcn_granule="process"))
   mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
-  assert sharding.local_batch_shards(mesh) == sharding.batch_shards(mesh) == 4
+  assert sharding.local_row_shards(mesh) == (0, 1, 2, 3) and sharding.batch_shards(mesh) == 4
