@@ -59,7 +59,7 @@ def run_layout(trees, plans: list[BatchPlan], args) -> dict:
                     n_heads=args.d_model // 64, n_kv_heads=max(args.d_model // 128, 1), head_dim=64)
   learner = Learner(LearnerConfig(loss="sft", lr=1e-4, logits_chunk=args.logits_chunk),
                     Decoder(cfg, rngs=nnx.Rngs(args.seed)))
-  batches = [pack(trees, p, row_len=args.row_len, rows=args.rows) for p in plans]
+  batches = [pack(trees, p, row_len=args.row_len, rows=range(args.rows)) for p in plans]
   learner.step(batches[0])  # compile (shapes are the same for every batch of both layouts)
   times, tokens = [], 0
   for b in batches:

@@ -11,6 +11,11 @@ rollouts scored >= min_score). Any field of the config (clawjax/sft/config.py) c
 `--config.a.b=v`; `--print_config` prints the resolved config. Rerunning a command resumes from WORKDIR's
 last checkpoint. The trained model goes to WORKDIR/hf (a Hugging Face directory: pass it to train.py as
 `--config.model.init`). Ends by printing the summary as one JSON line.
+
+Several hosts run one stage with the same command on each (README, "Running on a cluster"), e.g.
+  python experiments/sft.py --config=... --workdir=SHARED/runs/sft --config.mesh.data=-1 \
+      --config.distributed.num_processes=2 --config.distributed.process_id=I \
+      --config.distributed.coordinator=HOST0:PORT
 """
 
 import json
@@ -22,6 +27,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from clawjax import config as config_lib
+from clawjax import distributed
 from clawjax.sft.config import sft_config
 from clawjax.sft.data import DataError
 from clawjax.sft.stage import run_stage
@@ -43,7 +49,8 @@ def main(args: config_lib.Args) -> None:
       return
     if not _WORKDIR.value:
       sys.exit("error: --workdir is required")
-    metrics = MetricsWriter(_WORKDIR.value, cfg.tensorboard)
+    distributed.initialize(cfg.distributed)  # before anything touches JAX
+    metrics = MetricsWriter(_WORKDIR.value, cfg.tensorboard, enabled=distributed.is_primary())
     try:
       summary = run_stage(cfg, _WORKDIR.value, metrics)
     finally:

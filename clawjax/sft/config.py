@@ -7,7 +7,8 @@ max length 65536, 128 conversations per update, loss on the assistant turns only
 at OpenRLHF's defaults is the default here too: AdamW with betas (0.9, 0.95) and no weight decay,
 gradient clipping at 1.0, a linear warm-up over 3% of the updates, then a cosine decay to 10% of the peak
 (`cosine_with_min_lr`). Sections: `model` (clawjax.run.settings.ModelSettings, as in training),
-`learner` (clawjax.rl.config.LearnerConfig, the `sft` loss), `mesh` (clawjax.sharding.MeshConfig).
+`learner` (clawjax.rl.config.LearnerConfig, the `sft` loss), `mesh` (clawjax.sharding.MeshConfig),
+`distributed` (clawjax.distributed.DistributedConfig: several processes run one stage).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.config import ConfigError
+from clawjax.distributed import DistributedConfig
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
 from clawjax.run.settings import ModelSettings
@@ -32,9 +34,10 @@ OVERLONG = ("cut", "drop")       # a conversation over max_len is cut at a turn 
 # file (a train run's held-out evaluations, eval/, are left out); their calls are read from its calls/.
 ROLLOUT_FILES = ("rollouts.jsonl", "steps/*/rollouts.jsonl")
 # Fields a resumed run may change without --config.allow_config_change: how it reports, checkpoints and
-# exports, not what it trains on or its schedule (which follows from the number of updates).
+# exports, not what it trains on or its schedule (which follows from the number of updates); and how
+# many processes share the work (each passes its own process_id).
 RESUMABLE_CHANGES = ("progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_every",
-                     "allow_config_change", "export_dir")
+                     "allow_config_change", "export_dir", "distributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,10 @@ class SFTRunConfig:
   allow_config_change: bool = False  # resume although the config differs from the run's config.json
   model: ModelSettings = ModelSettings(init=None)
   learner: LearnerConfig = LearnerConfig(loss="sft", lr=1e-5, adam_b2=0.95)
-  mesh: MeshConfig = MeshConfig(data=1)
+  mesh: MeshConfig = MeshConfig(data=1)  # the learner's mesh; with several processes, over all (data=-1)
+  # Several processes (one per host, the same command on each with its own process_id) run one stage:
+  # each reads the data and plans alike, then feeds its share of every update's rows (clawjax/sft/loop.py).
+  distributed: DistributedConfig = DistributedConfig()
 
   def __post_init__(self):
     learner = self.learner

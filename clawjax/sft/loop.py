@@ -10,6 +10,11 @@ the update), grad_norm, lr, tokens_per_s (non-padding tokens per second of the u
 loss_tokens, conversations, epoch, skipped_updates; with held-out batches, heldout_nll at step 0 (before
 training), every `eval_every` updates and after the last. A run resumes at any step: the plan is fixed
 by the seed, and `on_step` is where the caller checkpoints.
+
+In a run of several processes (clawjax.distributed) every process makes the same plan and calls `fit`
+with the same trees; each packs and feeds only its share of an update's rows (the learner's
+`process_rows`), the normaliser is the weight sum over every process's rows, so an update equals the
+one-process update on the same rows. The metrics are the global batch's on every process.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import optax
 import tqdm
 
 from clawjax.rl.learner import Learner
-from clawjax.sft.packing import BatchPlan, pack, padding_fraction, plan_epoch
+from clawjax.sft.packing import BatchPlan, pack, plan_epoch
 from clawjax.tree.batch import PackedBatch
 from clawjax.tree.build import CallTree
 
@@ -70,20 +75,20 @@ def lr_schedule(lr: float, updates: int, warmup_ratio: float, min_lr_ratio: floa
   return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(updates, warmup + 1), end_value=lr * min_lr_ratio)
 
 
-def heldout_batches(trees: Sequence[CallTree], *, row_len: int, rows: int) -> list[PackedBatch]:
-  """The held-out set packed once, in order."""
+def heldout_batches(learner: Learner, trees: Sequence[CallTree], *, row_len: int, rows: int) -> list[PackedBatch]:
+  """The held-out set packed once, in order, in batches of `rows` rows (this process's share of them)."""
   plans = plan_epoch([t.size for t in trees], row_len=row_len, rows=rows, pool_batches=1 << 20, seed=0,
                      epoch=0, shuffle=False)
-  return [pack(trees, p, row_len=row_len, rows=rows) for p in plans]
+  return [pack(trees, p, row_len=row_len, rows=learner.process_rows(rows)) for p in plans]
 
 
 def heldout_nll(learner: Learner, batches: Sequence[PackedBatch]) -> float:
-  """The token-mean cross-entropy over every held-out batch, at the learner's current weights."""
+  """The token-mean cross-entropy over every held-out batch, at the learner's current weights (a forward
+  pass; every process calls it, with its share of the batches)."""
   total = weight = 0.0
   for b in batches:
-    w = float(b.unique_weight_RT.sum())
-    loss, _, _ = learner.loss_and_grads(b)
-    total, weight = total + loss * w, weight + w
+    m = learner.loss(b)
+    total, weight = total + m["loss"] * m["loss_weight"], weight + m["loss_weight"]
   return total / max(weight, 1.0)
 
 
@@ -93,16 +98,19 @@ def fit(learner: Learner, trees: Sequence[CallTree], plan: Sequence[Step], *, ro
         progress: bool = False) -> dict[str, float]:
   """Runs the updates start+1 .. len(plan); returns the last update's metrics."""
   last: dict[str, float] = {}
+  fed = learner.process_rows(rows)
+  trained_tokens = [int((t.owner_T >= 0).sum()) for t in trees]
   if heldout and start == 0:
     metrics.write(PHASE, 0, {"heldout_nll": heldout_nll(learner, heldout)})
   with tqdm.tqdm(total=len(plan), initial=start, desc="SFT", unit="update", disable=not progress) as bar:
     for step in range(start + 1, len(plan) + 1):
       item = plan[step - 1]
-      batch = pack(trees, item.batch, row_len=row_len, rows=rows)
       lr = float(schedule(int(jax.device_get(learner.state.step)))) if schedule is not None else learner.cfg.lr
-      m = learner.step(batch)
+      m = learner.step(pack(trees, item.batch, row_len=row_len, rows=fed))
+      # Of the global batch (m["tokens"]: its non-padding tokens, over every process's rows).
       last = {"nll": m["nll"], "grad_norm": m["grad_norm"], "lr": lr, "tokens_per_s": m["tokens_per_s"],
-              "padding_fraction": padding_fraction(batch), "loss_tokens": float(batch.unique_weight_RT.sum()),
+              "padding_fraction": 1.0 - m["tokens"] / (rows * row_len),
+              "loss_tokens": float(sum(trained_tokens[i] for i in item.batch.trees)),
               "conversations": float(len(item.batch.trees)), "epoch": float(item.epoch),
               "step_seconds": m["step_seconds"], "skipped_updates": m["skipped_updates"]}
       if heldout and ((eval_every and step % eval_every == 0) or step == len(plan)):

@@ -64,10 +64,13 @@ def zero_scores(trees: Sequence[CallTree]) -> RolloutScores:
                        groups=[("sft", "sft")], singleton_groups=0, zero_variance_groups=0)
 
 
-def pack(trees: Sequence[CallTree], plan: BatchPlan, *, row_len: int, rows: int) -> PackedBatch:
-  """The batch `plan` describes, `rows` x `row_len` tokens."""
-  chosen = [trees[i] for i in plan.trees]
-  return pack_trees(chosen, zero_scores(chosen), row_len=row_len, rows=rows, rows_of=plan.rows_of)
+def pack(trees: Sequence[CallTree], plan: BatchPlan, *, row_len: int, rows: Sequence[int]) -> PackedBatch:
+  """Rows `rows` of the batch `plan` describes, in that order, `row_len` tokens each (a row the plan does
+  not fill is empty): all of them, or the share one process feeds (clawjax.rl.learner `process_rows`)."""
+  where = {r: i for i, r in enumerate(rows)}
+  kept = [(t, where[r]) for t, r in zip(plan.trees, plan.rows_of) if r in where]
+  chosen = [trees[t] for t, _ in kept]
+  return pack_trees(chosen, zero_scores(chosen), row_len=row_len, rows=len(rows), rows_of=[r for _, r in kept])
 
 
 def padding_fraction(batch: PackedBatch) -> float:

@@ -8,6 +8,13 @@ trees: a resume on other data is refused, since the update plan follows from it)
 params, optimizer state, RNG; the cursor holds the update), metrics.jsonl + tb/ (loop.py), hf/ (the
 export; `export_dir` elsewhere) and summary.json. Rerunning the same command resumes after the last
 checkpoint and replays the same batches: the result equals an uninterrupted run's.
+
+Several processes (cfg.distributed: one per host, the same command on each, after
+`clawjax.distributed.initialize`) run one stage together: each reads the data and makes the same plan,
+feeds its share of every update's rows (clawjax/sft/loop.py), and writes and restores its shards of the
+checkpoints; process 0 writes config.json, environment.json, data.json, summary.json and the metrics
+(the caller's `metrics` is enabled there only); the export is written by all (clawjax/sft/export.py).
+WORKDIR must be on a filesystem every process sees.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import jax
 import numpy as np
 
 from clawjax import config as config_lib
-from clawjax import environment, sharding
+from clawjax import distributed, environment, sharding
 from clawjax.models.loading import load_model
 from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
@@ -64,7 +71,7 @@ def _pin_config(workdir: pathlib.Path, cfg: SFTRunConfig, resuming: bool) -> Non
   path = workdir / CONFIG_FILE
   if resuming and path.exists():
     check_resume(json.loads(path.read_text()), cfg)
-  path.write_text(json.dumps(config_lib.to_json(cfg), indent=2) + "\n")
+  _write_once(path, config_lib.to_json(cfg))
 
 
 def _pin_data(workdir: pathlib.Path, data: dict[str, Any], resuming: bool) -> None:
@@ -76,18 +83,27 @@ def _pin_data(workdir: pathlib.Path, data: dict[str, Any], resuming: bool) -> No
       raise config_lib.ConfigError(
           f"the training data differs from what this run started on ({path}: {saved['train_trees']} "
           f"trees, now {data['train_trees']}); resume on the same data or use another --workdir")
-  path.write_text(json.dumps(data, indent=2) + "\n")
+  _write_once(path, data)
+
+
+def _write_once(path: pathlib.Path, obj: Any) -> None:
+  """Process 0 writes `obj` as JSON to `path`, once every process has read what was there."""
+  distributed.sync(f"sft: {path.name} read")
+  if distributed.is_primary():
+    path.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def run_stage(cfg: SFTRunConfig, workdir: str | pathlib.Path, metrics: RunMetrics) -> dict[str, Any]:
-  """Trains (or resumes) in `workdir`; returns the summary (also in summary.json)."""
+  """Trains (or resumes) in `workdir`; returns the summary (also in summary.json). With several
+  processes, every process calls it (module docstring)."""
   t0 = time.time()
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   ckpt = Checkpointer(workdir / "checkpoints", cfg.keep_checkpoints)
   resuming = ckpt.latest_step() is not None
   _pin_config(workdir, cfg, resuming)
-  environment.write_environment(workdir)
+  if distributed.is_primary():
+    environment.write_environment(workdir)
   template = chat_template(cfg.model)
   counts, heldout_counts = Counts(), Counts()
   trees = load_trees(cfg.data, template, cfg, counts)
@@ -118,7 +134,7 @@ def run_stage(cfg: SFTRunConfig, workdir: str | pathlib.Path, metrics: RunMetric
     start = int(cursor["step"])
     log.info("resuming after SFT update %d of %d", start, len(plan))
   metrics.truncate(PHASE, start + 1 if start else 0)  # (step 0: the held-out loss before training)
-  held_batches = heldout_batches(held, row_len=row_len, rows=cfg.rows)
+  held_batches = heldout_batches(learner, held, row_len=row_len, rows=cfg.rows)
 
   def checkpoint(step: int) -> None:
     if step % cfg.checkpoint_every == 0 or step == len(plan):
@@ -126,13 +142,14 @@ def run_stage(cfg: SFTRunConfig, workdir: str | pathlib.Path, metrics: RunMetric
 
   last = fit(learner, trees, plan, row_len=row_len, rows=cfg.rows, metrics=metrics, start=start,
              heldout=held_batches, eval_every=cfg.eval_every, schedule=schedule, on_step=checkpoint,
-             progress=cfg.progress)
+             progress=cfg.progress and distributed.is_primary())
   out = export_model(learner.policy_model(), cfg.export_dir or workdir / "hf", init=model.init, template=template)
   summary = {"updates": len(plan), "epochs": plan[-1].epoch + 1, "train_trees": len(trees),
              "heldout_trees": len(held), "last_nll": last.get("nll"),
              "heldout_nll": last["heldout_nll"] if "heldout_nll" in last else (
                  heldout_nll(learner, held_batches) if held_batches else None),
              "export_dir": str(out), "wall_s": round(time.time() - t0, 1), "counts": data["counts"]}
-  (workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+  if distributed.is_primary():
+    (workdir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
   ckpt.close()
   return summary

@@ -42,7 +42,8 @@ RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", 
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
-                   "and start from a cold-start model (experiments/sft.py) as model.init")
+                   "and start from a cold-start model as model.init: build it with experiments/sft.py, which "
+                   "runs on the same processes with the same --config.distributed.* flags")
 
 
 @dataclasses.dataclass(frozen=True)

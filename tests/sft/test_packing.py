@@ -66,14 +66,20 @@ def test_a_packed_batch_trains_each_conversation_as_if_alone():
                          turn_len=int(rng.integers(3, 12))) for i in range(7)]
   plans = plan_epoch([t.size for t in trees], row_len=128, rows=4, pool_batches=4, seed=0, epoch=0)
   assert len(plans) == 1 and len(set(plans[0].rows_of)) < len(trees)  # several conversations a row
-  batch = pack(trees, plans[0], row_len=128, rows=4)
+  batch = pack(trees, plans[0], row_len=128, rows=range(4))
   assert 0 < padding_fraction(batch) < 0.5
   segments = {(r, s) for r, s in zip(*np.nonzero(batch.segment_ids_RT)) for s in [batch.segment_ids_RT[r, s]]}
   assert len(segments) == len(trees)
+  # One process's share (rows 3 and 1, and a padding row 5): those rows of the whole batch, in that order.
+  share = pack(trees, plans[0], row_len=128, rows=[3, 1, 5])
+  for name in ("tokens_RT", "positions_RT", "segment_ids_RT", "subtree_end_RT", "unique_weight_RT"):
+    np.testing.assert_array_equal(getattr(share, name)[:2], getattr(batch, name)[[3, 1]], err_msg=name)
+  assert share.shape == (3, 128) and not share.segment_ids_RT[2].any() and not share.unique_weight_RT[2].any()
 
   model = Decoder(TINY, rngs=nnx.Rngs(0))
   learner = Learner(LearnerConfig(loss="sft", logits_chunk=16), model)
   loss, _, _ = learner.loss_and_grads(batch)
+  assert learner.loss(batch)["loss"] == loss  # the forward-only loss (held-out) is the same number
   nll, count = 0.0, 0
   for t in trees:  # each conversation alone, a plain causal pass
     logits = np.asarray(model(*causal_inputs(jnp.asarray(t.tokens_T[None]))), np.float64)[0]
