@@ -6,41 +6,24 @@ commands with one more step resume from the checkpoint and add exactly that step
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from clawjax.calllog import RolloutRecord, iter_records
-from tests.ports import free_port
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests import processes
 
 
-def _start(workdir: pathlib.Path, steps: int, extra: list[str], tag: str) -> list[subprocess.Popen]:
-  port = free_port()
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
-  procs = []
-  for i in range(2):
-    log = open(workdir.parent / f"{tag}.process_{i}.log", "w")
-    procs.append(subprocess.Popen(
-        [sys.executable, "experiments/train.py", "--config=configs/quickstart.py", f"--workdir={workdir}",
-         f"--config.steps={steps}", "--config.sft.steps=0", "--config.tasks_per_step=2",
-         "--config.rollouts_per_task=4", "--config.concurrency=4", "--config.batch.rows=8",
-         "--config.distributed.num_processes=2", f"--config.distributed.process_id={i}",
-         f"--config.distributed.coordinator=127.0.0.1:{port}", "--config.plot=false", *extra],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
-  return procs
+def _argv(workdir: pathlib.Path, steps: int, extra: list[str]) -> list[str]:
+  return ["experiments/train.py", "--config=configs/quickstart.py", f"--workdir={workdir}", f"--config.steps={steps}",
+          "--config.sft.steps=0", "--config.tasks_per_step=2", "--config.rollouts_per_task=4",
+          "--config.concurrency=4", "--config.batch.rows=8", "--config.plot=false", *extra]
 
 
 def _run(workdir: pathlib.Path, steps: int, tag: str, extra: list[str] = ()) -> None:
-  procs = _start(workdir, steps, list(extra), tag)
-  codes = [p.wait(timeout=600) for p in procs]
-  assert codes == [0, 0], (workdir.parent / f"{tag}.process_1.log").read_text()[-3000:]
+  processes.run(_argv(workdir, steps, list(extra)), workdir.parent, tag)
 
 
 def _rl_steps(workdir: pathlib.Path) -> list[dict]:
@@ -73,7 +56,7 @@ def test_two_processes_train_resume_and_survive_a_kill(tmp_path):
   assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3]
 
   # kill -9 of both processes once step 4's learner is running, then the same command again.
-  procs = _start(workdir, 5, [], "killed")
+  procs = processes.start(_argv(workdir, 5, []), tmp_path, "killed")
   log = tmp_path / "killed.process_0.log"
   deadline = time.time() + 600
   while "step 4/5: learner update" not in log.read_text():
