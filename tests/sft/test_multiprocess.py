@@ -48,7 +48,7 @@ def _weights(export: pathlib.Path) -> dict[str, np.ndarray]:
   return {k: v for f in sorted(export.glob("*.safetensors")) for k, v in safetensors.numpy.load_file(str(f)).items()}
 
 
-@pytest.mark.slow  # ~80 s on 2 busy cores: two 2-process runs (each compiles the step) and the reference
+@pytest.mark.slow  # ~90 s of CPU (2.5 min wall on 2 loaded cores): two 2-process runs, each compiling the step
 def test_two_processes_equal_one_process_and_resume(tmp_path):
   _one_process(tmp_path / "one", 3)
   expected = read_metrics(tmp_path / "one", "sft")
