@@ -12,8 +12,8 @@ file: every field is settable from the command line whichever file is used.
   --config.rollout.judge.url=none          None, for a field that may be None
 
 An unknown key, a wrong type or a bad name is a `ConfigError`, one line that names the key (and the
-closest valid keys), raised before anything starts. Experiment scripts pass `parse_flags` to
-`absl.app.run`: it takes the `--config.*` overrides out of argv before absl parses the rest.
+closest valid keys), raised before anything starts. The experiment scripts' command line (the config
+file, its overrides, `--print_config`, `--workdir`) is clawjax/cli.py.
 """
 
 from __future__ import annotations
@@ -373,42 +373,3 @@ def import_object(spec: str, where: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
   except Exception as e:  # pylint: disable=broad-except  (any failure of user code is the config's)
     raise ConfigError(f"{where}: cannot import {spec!r}: {type(e).__name__}: {e}") from None
-
-
-# ---- absl ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Args:
-  """What `parse_flags` hands to `main`: the positional arguments and the `--config.` overrides."""
-  argv: list[str]
-  overrides: list[str]
-
-
-def _split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-  """argv -> (argv without `--config.a.b=v` / `--config.a.b v`, the overrides as "a.b=v")."""
-  rest, overrides = list(argv[:1]), []
-  items = iter(argv[1:])
-  for arg in items:
-    if arg.startswith("--config."):
-      item = arg[len("--config."):]
-      if "=" not in item:
-        item += "=" + next(items, "")
-      overrides.append(item)
-    else:
-      rest.append(arg)
-  return rest, overrides
-
-
-def argv_without_overrides(argv: Sequence[str]) -> list[str]:
-  """For `config_flags.DEFINE_config_file(..., sys_argv=...)`: config_flags would otherwise read the
-  overrides from sys.argv itself and check them against the file's ConfigDict, not the typed config."""
-  return _split_overrides(argv)[0]
-
-
-def parse_flags(argv: list[str]) -> Args:
-  """absl `flags_parser`: takes out the `--config.` overrides, then parses the rest with absl (its usual
-  errors and --help)."""
-  from absl import app  # pylint: disable=import-outside-toplevel  (only experiment scripts need absl)
-  rest, overrides = _split_overrides(argv)
-  return Args(app.parse_flags_with_usage(rest), overrides)

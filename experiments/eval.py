@@ -10,42 +10,30 @@ the same command runs on each, with `--config.distributed.*` (README, "Running o
 split the tasks and process 0 writes the one results.jsonl and the summary.
 """
 
-import json
 import logging
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import app
 
-from clawjax import config as config_lib
+from clawjax import cli
 from clawjax import distributed
 from clawjax.evaluation.config import eval_config
 from clawjax.evaluation.report import SUMMARY_MD
 from clawjax.evaluation.results import ResultsError
 from clawjax.evaluation.runner import EvalError, run_eval
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/eval/*.py", lock_config=True,
-                                          sys_argv=config_lib.argv_without_overrides(sys.argv))
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (results, call logs, summary)")
-_PRINT = flags.DEFINE_bool("print_config", False, "print the resolved config as JSON and exit")
+_FLAGS = cli.define_flags("configs/eval/*.py", "run directory (results, call logs, summary)")
 
 
-def main(args: config_lib.Args) -> None:
+def main(args: cli.Args) -> None:
   logging.getLogger().setLevel(logging.INFO)
-  try:
-    cfg = eval_config(_CONFIG.value, args.overrides)
-    if _PRINT.value:
-      print(json.dumps(config_lib.to_json(cfg), indent=2))
-      return
-    if not _WORKDIR.value:
-      sys.exit("error: --workdir is required")
-    run = run_eval(cfg, _WORKDIR.value)
-  except (config_lib.ConfigError, EvalError, ResultsError) as e:
-    sys.exit(f"error: {e}")
+  with cli.exit_on_errors(EvalError, ResultsError):
+    cfg, workdir = _FLAGS.resolve(args, eval_config)
+    run = run_eval(cfg, workdir)
   if distributed.is_primary():
     with open(f"{run.path}/{SUMMARY_MD}", encoding="utf-8") as fh:
       sys.stdout.write(fh.read())
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

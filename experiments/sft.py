@@ -20,45 +20,32 @@ Several hosts run one stage with the same command on each (README, "Running on a
 
 import json
 import logging
-import sys
 
-from absl import app, flags
+from absl import app
 from absl import logging as absl_logging
-from ml_collections import config_flags
 
-from clawjax import config as config_lib
-from clawjax import distributed
+from clawjax import cli, distributed
 from clawjax.sft.config import sft_config
 from clawjax.sft.data import DataError
 from clawjax.sft.stage import run_stage
 from clawjax.train.metrics import MetricsWriter
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/sft/*.py", lock_config=True,
-                                          sys_argv=config_lib.argv_without_overrides(sys.argv))
-_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, hf export)")
-_PRINT = flags.DEFINE_bool("print_config", False, "print the resolved config as JSON and exit")
+_FLAGS = cli.define_flags("configs/sft/*.py", "run directory (checkpoints, metrics, hf export)")
 
 
-def main(args: config_lib.Args) -> None:
+def main(args: cli.Args) -> None:
   absl_logging.set_verbosity(absl_logging.WARNING)  # clawjax's progress at INFO; libraries only warn
   logging.getLogger("clawjax").setLevel(logging.INFO)
-  try:
-    cfg = sft_config(_CONFIG.value, args.overrides)
-    if _PRINT.value:
-      print(json.dumps(config_lib.to_json(cfg), indent=2))
-      return
-    if not _WORKDIR.value:
-      sys.exit("error: --workdir is required")
+  with cli.exit_on_errors(DataError):
+    cfg, workdir = _FLAGS.resolve(args, sft_config)
     distributed.initialize(cfg.distributed)  # before anything touches JAX
-    metrics = MetricsWriter(_WORKDIR.value, cfg.tensorboard, enabled=distributed.is_primary())
+    metrics = MetricsWriter(workdir, cfg.tensorboard, enabled=distributed.is_primary())
     try:
-      summary = run_stage(cfg, _WORKDIR.value, metrics)
+      summary = run_stage(cfg, workdir, metrics)
     finally:
       metrics.close()
-  except (config_lib.ConfigError, DataError) as e:
-    sys.exit(f"error: {e}")
   print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=config_lib.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -15,43 +15,73 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Awaitable, Callable
+
+# Opens the connection a relayed connection goes to (the shim's TCP port, or a socket file).
+_OpenUpstream = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
   """Copies one direction; at EOF half-closes the other side so responses still flow back."""
-  try:
-    while data := await reader.read(1 << 16):
-      writer.write(data)
-      await writer.drain()
-    if writer.can_write_eof():
-      writer.write_eof()
-  except (ConnectionError, asyncio.CancelledError):
-    pass
+  while data := await reader.read(1 << 16):
+    writer.write(data)
+    await writer.drain()
+  if writer.can_write_eof():
+    writer.write_eof()
 
 
-async def _splice(client_r, client_w, open_upstream) -> None:
+async def _splice(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, open_upstream: _OpenUpstream) -> None:
+  """Relays one connection both ways until both directions end, an error in either ending both; closes both
+  sides once what they buffered is sent, or at once (dropping it) when cancelled."""
+  writers = [client_w]
   try:
-    up_r, up_w = await open_upstream()
-  except OSError:
-    client_w.close()
-    return
-  try:
-    await asyncio.gather(_pipe(client_r, up_w), _pipe(up_r, client_w))
-  except asyncio.CancelledError:
-    # The relay is ending with the connection still open (the shim keeps it alive after the harness
-    # exits) and asyncio cancels this handler: end it as a finished one, since a cancelled handler makes
-    # the stream server print a traceback into the harness's stderr.
-    pass
+    try:
+      up_r, up_w = await open_upstream()
+      writers.append(up_w)
+      async with asyncio.TaskGroup() as pipes:
+        pipes.create_task(_pipe(client_r, up_w))
+        pipes.create_task(_pipe(up_r, client_w))
+    except* OSError:  # refused, reset or broken: the connection ends both ways
+      pass
+    for writer in writers:
+      writer.close()
+    for writer in writers:
+      with contextlib.suppress(OSError):
+        await writer.wait_closed()
   finally:
-    for w in (up_w, client_w):
-      try:
-        w.close()
-      except RuntimeError:  # the loop is already closing
-        pass
+    # Nothing left to do once closed. Cancelled (the relay ends), a peer that stopped reading would otherwise
+    # keep its socket open, waiting for its buffer to drain, past the end of the loop.
+    for writer in writers:
+      writer.transport.abort()
+
+
+def _relay_each(open_upstream: _OpenUpstream) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], None]:
+  """A stream server's callback relaying each connection in its own task, held until it ends: once a client has
+  half-closed or gone, no socket the loop watches refers to its relay, and the garbage collector would destroy
+  the pending task mid-transfer ("Task was destroyed but it is pending!", the reply lost)."""
+  held: set[asyncio.Task] = set()
+
+  def accept(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+    task = asyncio.get_running_loop().create_task(_splice(client_r, client_w, open_upstream))
+    held.add(task)
+    task.add_done_callback(held.discard)
+
+  return accept
+
+
+async def _end_other_tasks() -> None:
+  """Cancels every other task of the running loop and waits for them, until none is left (a connection accepted
+  just before its server closed gets its handler while the others end): a task still pending when the loop
+  closes is destroyed with it, and asyncio logs that as an error."""
+  while tasks := asyncio.all_tasks() - {asyncio.current_task()}:
+    for task in tasks:
+      task.cancel()
+    await asyncio.wait(tasks)
 
 
 class UnixToTcp:
@@ -72,8 +102,7 @@ class UnixToTcp:
 
     async def start() -> None:
       self._server = await asyncio.start_unix_server(
-          lambda r, w: _splice(r, w, lambda: asyncio.open_connection(self.host, self.port)),
-          path=self.socket_path)
+          _relay_each(lambda: asyncio.open_connection(self.host, self.port)), path=self.socket_path)
       self._ready.set()
 
     self._loop.run_until_complete(start())
@@ -88,13 +117,7 @@ class UnixToTcp:
   def __exit__(self, *exc) -> None:
     async def stop() -> None:
       self._server.close()
-      tasks = asyncio.all_tasks() - {asyncio.current_task()}
-      for task in tasks:
-        task.cancel()
-      # Let the connections' handlers finish their cancellation (closing both sides) before the loop
-      # stops; a handler left pending is destroyed with the loop and asyncio logs it as an error.
-      if tasks:
-        await asyncio.wait(tasks, timeout=5)
+      await _end_other_tasks()
 
     asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
     self._loop.call_soon_threadsafe(self._loop.stop)
@@ -108,7 +131,7 @@ async def _inside(ports: dict[int, str], argv: list[str]) -> int:
   servers = []
   for port, sock in ports.items():
     servers.append(await asyncio.start_server(
-        lambda r, w, sock=sock: _splice(r, w, lambda: asyncio.open_unix_connection(sock)),
+        _relay_each(lambda sock=sock: asyncio.open_unix_connection(sock)),
         host="127.0.0.1", port=port))
   proc = await asyncio.create_subprocess_exec(*argv)
   loop = asyncio.get_running_loop()
@@ -117,6 +140,7 @@ async def _inside(ports: dict[int, str], argv: list[str]) -> int:
   code = await proc.wait()
   for s in servers:
     s.close()
+  await _end_other_tasks()
   return code if code >= 0 else 128 - code
 
 

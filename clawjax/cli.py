@@ -1,0 +1,100 @@
+"""The experiment scripts' command line (absl): `--config=FILE` plus `--config.a.b=v` overrides resolved into
+the run's typed config (clawjax/config.py), `--print_config`, `--workdir`, and a configuration mistake ending
+the script with one `error: ...` line and a non-zero status. A script's main is flags -> config -> library call:
+
+  _FLAGS = cli.define_flags("configs/*.py", "run directory (checkpoints, logs, metrics)")
+
+  def main(args: cli.Args) -> None:
+    with cli.exit_on_errors():
+      cfg, workdir = _FLAGS.resolve(args, train_config)
+      summary = train(cfg, workdir)
+
+  if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from clawjax import config as config_lib
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class Args:
+  """What `parse_flags` hands to `main`: the positional arguments and the `--config.` overrides."""
+  argv: list[str]
+  overrides: list[str]
+
+
+def _split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """argv -> (argv without `--config.a.b=v` / `--config.a.b v`, the overrides as "a.b=v")."""
+  rest, overrides = list(argv[:1]), []
+  items = iter(argv[1:])
+  for arg in items:
+    if arg.startswith("--config."):
+      item = arg[len("--config."):]
+      if "=" not in item:
+        item += "=" + next(items, "")
+      overrides.append(item)
+    else:
+      rest.append(arg)
+  return rest, overrides
+
+
+def parse_flags(argv: list[str]) -> Args:
+  """absl `flags_parser`: takes out the `--config.` overrides, then parses the rest with absl (its usual
+  errors and --help)."""
+  rest, overrides = _split_overrides(argv)
+  return Args(app.parse_flags_with_usage(rest), overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptFlags:
+  """The flags every experiment script defines (`define_flags`)."""
+  config: flags.FlagHolder
+  workdir: flags.FlagHolder
+  print_config: flags.FlagHolder
+
+  def resolve(self, args: Args, make_config: Callable[[Any, Sequence[str]], T]) -> tuple[T, str]:
+    """(the typed config `make_config` builds from the file's ConfigDict and the overrides, the workdir).
+    With --print_config, prints the config as JSON and exits; without --workdir, exits with an error line.
+    A ConfigError propagates (see `exit_on_errors`)."""
+    cfg = make_config(self.config.value, args.overrides)
+    if self.print_config.value:
+      print(json.dumps(config_lib.to_json(cfg), indent=2))
+      sys.exit(0)
+    if not self.workdir.value:
+      sys.exit("error: --workdir is required")
+    return cfg, self.workdir.value
+
+
+def define_flags(config_files: str, workdir_help: str) -> ScriptFlags:
+  """Defines --config (a file such as `config_files`), --workdir and --print_config; call at import."""
+  # config_flags would otherwise read the overrides from sys.argv itself and check them against the file's
+  # ConfigDict, not the typed config.
+  config = config_flags.DEFINE_config_file("config", None, config_files, lock_config=True,
+                                           sys_argv=_split_overrides(sys.argv)[0])
+  return ScriptFlags(config=config, workdir=flags.DEFINE_string("workdir", None, workdir_help),
+                     print_config=flags.DEFINE_bool("print_config", False,
+                                                    "print the resolved config as JSON and exit"))
+
+
+@contextlib.contextmanager
+def exit_on_errors(*errors: type[Exception]) -> Iterator[None]:
+  """Ends the script with one `error: ...` line on stderr and status 1 on a ConfigError or one of `errors`
+  (the run's own bad-input errors), raised by the config or by the run itself (a resume's config.json)."""
+  try:
+    yield
+  except (config_lib.ConfigError, *errors) as e:
+    sys.exit(f"error: {e}")
