@@ -1,6 +1,9 @@
 r"""Writes the bundled SFT data (clawjax/data/sft/): a synthetic tool-call task family in mini's shape.
 
   python scripts/make_sft_data.py [OUT_DIR]        # default: clawjax/data/sft
+  python scripts/make_sft_data.py OUT_DIR --wide --train 120 --heldout 20 --train-tasks
+      # the SmolLM2 experiment's data (configs/smollm2): 20 words x 20 files, and the training pairs'
+      # tasks too (OUT_DIR/train_tasks, for RL on the pairs the cold start saw)
 
 The family: 'Into the file "FILE", write the word "WORD".' over ten files and ten words. Each
 trajectory is the conversation the `mini` harness has with a model that solves the task: mini's own
@@ -11,12 +14,13 @@ directory layout with a real checker, to tasks/ (clawjax.tasks loads them; the c
 FILE holds WORD). Deterministic: rerunning rewrites the same files.
 """
 
+import argparse
 import itertools
 import json
 import pathlib
 import random
-import sys
 import tempfile
+from collections.abc import Sequence
 
 from clawjax.harness.mini.agent import SYSTEM_PROMPT
 from clawjax.harness.mini.tools import Toolbox
@@ -27,6 +31,10 @@ FILES = ("notes.txt", "plan.txt", "log.txt", "draft.txt", "list.txt", "story.txt
          "summary.txt", "tasks.txt")
 N_TRAIN = 30
 N_HELDOUT = 6
+# --wide adds these: 400 pairs, enough for ~100-300 trajectories and held-out tasks none of them has.
+WIDE_WORDS = ("paper", "light", "smile", "chair", "train", "table", "grass", "money", "dream", "ocean")
+WIDE_FILES = ("ideas.txt", "todo.txt", "memo.txt", "diary.txt", "answer.txt", "result.txt", "output.txt",
+              "index.txt", "journal.txt", "letter.txt")
 FINAL = "Done."
 # The file and the word are quoted, and in the order, as the tool call's JSON writes them: the same tokens.
 PROMPT = 'Into the file "{file}", write the word "{word}".'
@@ -47,15 +55,18 @@ python3 reward/check.py "$PWD" | python3 -c 'import json, sys; d = json.load(sys
 '''
 
 
-def split_pairs() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+def split_pairs(words: Sequence[str] = WORDS, files: Sequence[str] = FILES, n_train: int = N_TRAIN,
+                n_heldout: int = N_HELDOUT) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
   """(train, held-out) pairs: a seeded shuffle, redrawn until the train pairs use every word and file."""
   rng = random.Random(0)
-  pairs = list(itertools.product(WORDS, FILES))
+  pairs = list(itertools.product(words, files))
+  if n_train + n_heldout > len(pairs):
+    raise SystemExit(f"--train {n_train} + --heldout {n_heldout} exceed the family's {len(pairs)} pairs")
   while True:
     rng.shuffle(pairs)
-    train = pairs[:N_TRAIN]
-    if {w for w, _ in train} == set(WORDS) and {f for _, f in train} == set(FILES):
-      return sorted(train), sorted(pairs[N_TRAIN:N_TRAIN + N_HELDOUT])
+    train = pairs[:n_train]
+    if {w for w, _ in train} == set(words) and {f for _, f in train} == set(files):
+      return sorted(train), sorted(pairs[n_train:n_train + n_heldout])
 
 
 def trajectory(word: str, file: str, k: int, tools: Toolbox) -> dict:
@@ -83,8 +94,9 @@ def write_task(root: pathlib.Path, word: str, file: str) -> None:
   (task / "reward" / "reward.sh").write_text(REWARD_SH)
 
 
-def main(out: pathlib.Path) -> None:
-  train, heldout = split_pairs()
+def main(out: pathlib.Path, wide: bool, n_train: int, n_heldout: int, train_tasks: bool) -> None:
+  words, files = (WORDS + WIDE_WORDS, FILES + WIDE_FILES) if wide else (WORDS, FILES)
+  train, heldout = split_pairs(words, files, n_train, n_heldout)
   out.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory() as scratch:
     tools = Toolbox(pathlib.Path(scratch), bash_timeout_s=10.0, max_output_chars=16000)
@@ -93,7 +105,17 @@ def main(out: pathlib.Path) -> None:
       (out / name).write_text("\n".join(lines) + "\n")
   for word, file in heldout:
     write_task(out / "tasks", word, file)
+  for word, file in train if train_tasks else ():
+    write_task(out / "train_tasks", word, file)
 
 
 if __name__ == "__main__":
-  main(pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).parents[1] / "clawjax" / "data" / "sft")
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("out", nargs="?", type=pathlib.Path,
+                      default=pathlib.Path(__file__).parents[1] / "clawjax" / "data" / "sft")
+  parser.add_argument("--wide", action="store_true", help="20 words x 20 files instead of 10 x 10")
+  parser.add_argument("--train", type=int, default=N_TRAIN, help="training trajectories")
+  parser.add_argument("--heldout", type=int, default=N_HELDOUT, help="held-out trajectories and tasks")
+  parser.add_argument("--train-tasks", action="store_true", help="also write the training pairs' tasks")
+  args = parser.parse_args()
+  main(args.out, args.wide, args.train, args.heldout, args.train_tasks)

@@ -10,14 +10,15 @@ from clawjax import config as config_lib
 from clawjax.sft.config import sft_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "configs" / "sft").glob("*.py"))
+CONFIGS = sorted((ROOT / "configs" / "sft").glob("*.py")) + [ROOT / "configs" / "smollm2" / "cold_start.py"]
 DATA = str(ROOT / "clawjax" / "data" / "sft" / "train.jsonl")
 
 
 def _filled(path: pathlib.Path, *overrides: str):
   c = config_lib.config_module(str(path), path.name).get_config()
-  if not c.data.get("openai"):
-    c.data.openai = (DATA,)
+  for section in ("data", "heldout"):  # the paths a config leaves to its command line
+    if section in c and not c[section].get("openai"):
+      c[section].openai = (DATA,)
   if c.model.get("init") is None:
     c.model.init = "qwen3-30b-a3b"
   return sft_config(c, ["tensorboard=False", *overrides])

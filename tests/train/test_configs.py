@@ -24,7 +24,10 @@ from tests.rl.learner_batches import make_policy, random_tree, rel_diff, tree_la
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.py")) + sorted(
-    p for p in (ROOT / "configs" / "paper").glob("*.py") if p.name != "common.py")
+    p for p in (ROOT / "configs" / "paper").glob("*.py") if p.name != "common.py") + [
+        ROOT / "configs" / "smollm2" / "grpo.py"]
+# Rollouts a step: the paper's 256; the CPU configs' fewer, so a step's learner update stays short.
+ROLLOUTS_PER_STEP = {"quickstart": 32, "grpo": 16}
 TASKS = str(bundled_tasks_dir())
 
 
@@ -51,7 +54,7 @@ def test_config_is_valid_and_shows_its_command(path):
   assert f"python experiments/train.py --config={rel}" in module.__doc__
   cfg = train_config(_filled(path))
   assert cfg.learner.temperature == cfg.shim.temperature
-  assert cfg.tasks_per_step * cfg.rollouts_per_task * len(cfg.harnesses) in (256, 32)  # paper / quickstart
+  assert cfg.tasks_per_step * cfg.rollouts_per_task * len(cfg.harnesses) == ROLLOUTS_PER_STEP.get(path.stem, 256)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
