@@ -12,6 +12,10 @@ quickstart's own is 0, strictly on-policy). Four runs: sync and async for `--ste
 then sync and async for `--straggler-steps` steps with one straggling rollout per step (its harness starts late by
 `--straggler-factor` times the median rollout time of the first sync run).
 
+Where the harnesses run (`--harness-cores`): on the engine's cores (default), as on a cluster where the
+rollouts' sandboxes run on other hosts than the learner; or on the trainer's, where an async run's next
+rollouts take CPU from the learner's step.
+
 Prints one JSON object: {"sync": {"step_s", "rollout_s", "learner_s", "reward_gain"}, "async": {...,
 "staleness_hist", "tis_truncated"}, "straggler": {"sync_growth", "async_growth"}} — seconds are medians
 per step over steps 2.. (step 1 compiles); `reward_gain` is the mean reward of the last 5 steps minus
@@ -128,10 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--straggler-steps", type=int, default=5)
   parser.add_argument("--straggler-factor", type=float, default=5.0)
+  parser.add_argument("--harness-cores", choices=("engine", "trainer"), default="engine",
+                      help="where the harness processes run (see above)")
   parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary dir)")
   parser.add_argument("--json", action="store_true")
   args = parser.parse_args(argv)
-  _, trainer_cores = _cores()
+  engine_cores, trainer_cores = _cores()
   os.sched_setaffinity(0, trainer_cores)
   os.environ["CLAWJAX_ADMIN_TOKEN"] = TOKEN
   # pylint: disable=import-outside-toplevel  (JAX after the affinity is set)
@@ -141,29 +147,36 @@ def main(argv: list[str] | None = None) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     work = pathlib.Path(args.workdir or tmp)
     model_dir = _cold_start(work)
-    report: dict = {"sync": _run("sync", args.steps, args, model_dir, work, "mini"),
-                    "async": _run("async", args.steps, args, model_dir, work, "mini")}
-    delay = args.straggler_factor * _median_rollout_s(work / "sync")
 
-    class Straggling(adapters.Mini):
-      """The mini harness; rollout 0 of task qs_sky (in every step's sample: the quickstart takes all four
-      tasks) starts late, so that it takes `--straggler-factor` times the median rollout."""
-      name = "straggling_mini"
+    class BenchMini(adapters.Mini):
+      """The mini harness on `--harness-cores`; with a delay, rollout 0 of task qs_sky (in every step's
+      sample: the quickstart takes all four tasks) starts late, so that it takes `--straggler-factor` times
+      the median rollout."""
+
+      def __init__(self, name: str, delay: float):
+        self.name, self.delay = name, delay
 
       def command(self, base_url, api_key, prompt, home, options):
         cmd = super().command(base_url, api_key, prompt, home, options)
         rollout = base_url.rstrip("/").rsplit("/r/", 1)[-1]
-        late = delay if "-qs_sky-" in rollout and rollout.rsplit("-", 2)[-2] == "0" else 0.0
-        return dataclasses.replace(cmd, argv=["/bin/sh", "-c", f'sleep {late:.1f}; exec "$@"', "sh", *cmd.argv])
+        late = self.delay if "-qs_sky-" in rollout and rollout.rsplit("-", 2)[-2] == "0" else 0.0
+        pin = ["taskset", "-c", ",".join(map(str, sorted(engine_cores)))] if args.harness_cores == "engine" else []
+        return dataclasses.replace(cmd, argv=[*pin, "/bin/sh", "-c", f'sleep {late:.1f}; exec "$@"', "sh", *cmd.argv])
 
-    adapters.ADAPTERS["straggling_mini"] = Straggling()
-    late = {m: _run(f"{m}-straggler", args.straggler_steps, args, model_dir, work, "straggling_mini")
-            for m in ("sync", "async")}
+    def run(name: str, steps: int, delay: float) -> dict:
+      harness = BenchMini(f"bench_mini_{name}", delay)
+      adapters.ADAPTERS[harness.name] = harness
+      return _run(name, steps, args, model_dir, work, harness.name)
+
+    report: dict = {m: run(m, args.steps, 0.0) for m in ("sync", "async")}
+    delay = args.straggler_factor * _median_rollout_s(work / "sync")
+    late = {m: run(f"{m}-straggler", args.straggler_steps, delay) for m in ("sync", "async")}
     # Against the same modes' first steps without the straggler (the runs above).
     base = {m: float(np.median(_step_times(sorted(read_metrics(work / m, "rl"), key=lambda r: r["step"])
                                            [:args.straggler_steps]))) for m in late}
     report["straggler"] = {f"{m}_growth": round(late[m]["step_s"] / base[m] - 1, 3) for m in late}
     report["straggler"]["delay_s"] = round(delay, 2)
+  report["harness_cores"] = args.harness_cores
   report["environment"] = describe_environment()
   print(json.dumps(report, indent=None if args.json else 2))
   return report
