@@ -99,7 +99,6 @@ def fit(learner: Learner, trees: Sequence[CallTree], plan: Sequence[Step], *, ro
   """Runs the updates start+1 .. len(plan); returns the last update's metrics."""
   last: dict[str, float] = {}
   fed = learner.process_rows(rows)
-  trained_tokens = [int((t.owner_T >= 0).sum()) for t in trees]
   if heldout and start == 0:
     metrics.write(PHASE, 0, {"heldout_nll": heldout_nll(learner, heldout)})
   with tqdm.tqdm(total=len(plan), initial=start, desc="SFT", unit="update", disable=not progress) as bar:
@@ -110,7 +109,7 @@ def fit(learner: Learner, trees: Sequence[CallTree], plan: Sequence[Step], *, ro
       # Of the global batch (m["tokens"]: its non-padding tokens, over every process's rows).
       last = {"nll": m["nll"], "grad_norm": m["grad_norm"], "lr": lr, "tokens_per_s": m["tokens_per_s"],
               "padding_fraction": 1.0 - m["tokens"] / (rows * row_len),
-              "loss_tokens": float(sum(trained_tokens[i] for i in item.batch.trees)),
+              "loss_tokens": float(sum(trees[i].loss_tokens for i in item.batch.trees)),
               "conversations": float(len(item.batch.trees)), "epoch": float(item.epoch),
               "step_seconds": m["step_seconds"], "skipped_updates": m["skipped_updates"]}
       if heldout and ((eval_every and step % eval_every == 0) or step == len(plan)):

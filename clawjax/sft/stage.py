@@ -112,7 +112,7 @@ def run_stage(cfg: SFTRunConfig, workdir: str | pathlib.Path, metrics: RunMetric
   else:
     trees, held = split_heldout(trees, cfg.heldout_fraction, cfg.seed)
   data = {"train_trees": len(trees), "heldout_trees": len(held), "train_tokens": int(sum(t.size for t in trees)),
-          "train_loss_tokens": int(sum((t.owner_T >= 0).sum() for t in trees)),
+          "train_loss_tokens": sum(t.loss_tokens for t in trees),
           "counts": dict(sorted(counts.items())), "heldout_counts": dict(sorted(heldout_counts.items())),
           "fingerprint": fingerprint(trees + held)}
   _pin_data(workdir, data, resuming)

@@ -176,6 +176,11 @@ class CallTree:
   def size(self) -> int:
     return len(self.tokens_T)
 
+  @property
+  def loss_tokens(self) -> int:
+    """Tokens the loss trains on: those a kept call sampled (owner_T >= 0), each once."""
+    return int((self.owner_T >= 0).sum())
+
   def path(self, leaf: int) -> np.ndarray:
     """Token indices of the root-to-leaf path ending at node `leaf`."""
     chain = []

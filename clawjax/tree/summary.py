@@ -35,6 +35,6 @@ def summarize(f: FilteredRollout) -> dict[str, Any]:
       "unique_tokens": f.tree.size,
       "path_tokens": f.tree.path_tokens(),
       "call_tokens": sum(len(c.input_ids) + len(c.output_ids) for c in trained),
-      "loss_tokens": int((f.tree.owner_T >= 0).sum()),
+      "loss_tokens": f.tree.loss_tokens,
       "drift_calls": f.drift_calls,
   }
