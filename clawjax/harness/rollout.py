@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.cpus import parse_cpu_list
 from clawjax.harness import rundirs, sandbox
 from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
@@ -63,6 +64,14 @@ class RolloutConfig:
   sandbox: sandbox.SandboxConfig = sandbox.SandboxConfig()
   scoring: ScoringConfig = ScoringConfig()
   judge: JudgeConfig | None = None  # rubric judge for hybrid tasks; None: code score only
+  # CPU cores (a cpu list, "0-3,8") of the rollout side of the process that runs rollouts: its shim
+  # (thread or worker processes), the threads that drive rollouts and what they start (sandboxes,
+  # checkers). On a host shared with the learner this keeps rollouts off the learner's cores (see
+  # clawjax.cpus); "" leaves every affinity as it is.
+  cores: str = ""
+
+  def __post_init__(self):
+    parse_cpu_list(self.cores, "config.rollout.cores")
 
 
 @dataclasses.dataclass

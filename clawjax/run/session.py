@@ -14,6 +14,10 @@ benchmark evaluation all run their rollouts through one `PolicySession`.
 or a `backend` the caller built (the cold-start demonstrator), or no engine at all when `shim_url` names
 a shim that already runs.
 
+`cfg.rollout.cores` (a cpu list) pins the rollout side of this process to those cores: the shim's thread
+or worker processes, the threads that run rollouts and the sandboxes and checkers they start. The caller's
+threads (a trainer's learner) keep theirs.
+
 Rollout ids: `<label>-<task>-<harness>-<index>-<128 random bits in hex>`, readable in a directory
 listing, unique across reruns (the shim refuses an id whose log exists) and not guessable.
 """
@@ -31,6 +35,7 @@ from typing import Protocol
 
 from clawjax import auth, progress
 from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.cpus import check_available, parse_cpu_list, pin_thread, thread_pinned
 from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.models.vocab import text_source
@@ -93,6 +98,8 @@ class PolicySession:
     self._update_targets: list[Backend] = []
     self._export_root = pathlib.Path(cfg.engine.export_dir or pathlib.Path(workdir or log_dir) / "export")
     self._shim_url = shim_url
+    self._cores = parse_cpu_list(cfg.rollout.cores, "config.rollout.cores")
+    check_available(self._cores, "config.rollout.cores")
     if shim_url:
       self.template = None
       self.backend = None
@@ -153,7 +160,8 @@ class PolicySession:
 
   def __enter__(self) -> "PolicySession":
     if self.shim is not None:
-      with progress.phase("shim: start"):
+      # The shim's thread, and the worker processes it starts, on the rollout side's cores.
+      with progress.phase("shim: start"), thread_pinned(self._cores):
         self.shim.start()
       log.info("shim (%s backend) at %s, call logs in %s", self.cfg.engine.backend, self.shim.url,
                self.shim.server.config.log_dir)
@@ -173,6 +181,7 @@ class PolicySession:
     """Runs one job; it always ends as one rollout record in `writer` (thread-safe: call it from many
     threads at once)."""
     rid = rollout_id(label, job)
+    pin_thread(self._cores)  # this pool thread, and the sandbox and checker it starts
     try:
       return run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
                          admin_token=self.admin_token, record_extra={"process_index": self.process_index})

@@ -98,6 +98,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["sft.demonstrator=clawjax.data.quickstart.demonstrator:Nope"], r"^config\.sft\.demonstrator: cannot import"),
     (["async_rl=true"], r"^config\.async_rl: needs batch\.max_staleness >= 1"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
+    (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),
 ])
