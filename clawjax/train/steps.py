@@ -107,20 +107,21 @@ class StepTrainer:
           f"(skipped; the parameters were kept). Inspect this step's data: {data_path} and its calls in "
           f"{trainer.layout.calls_dir}")
     self.cursor["step"] = step
+    parts = distributed.allgather_json({**summary(data), "extra": extra})
+    m.update(step_metrics(parts))
+    m.update(_merge_extra([p["extra"] for p in parts]))
+    m.update({"learner_s": learner_s, "num_processes": float(len(parts))})
     t2 = time.time()
     try:
       self.session.push(trainer.engine_policy(learner), step)
     except PolicyUpdateError:
-      trainer.ckpt.save(learner.state, cursor=self.cursor)  # keep what was trained
+      # The step was trained: keep it and its metrics (without a push), so a resume goes on after it.
+      trainer.ckpt.save(learner.state, cursor=self.cursor)
+      trainer.metrics.write("rl", step, m)
       raise
-    push_s = time.time() - t2
+    m.update({"push_s": time.time() - t2, "policy_version": float(self.session.version)})
     if step % cfg.checkpoint_every == 0 or step == cfg.steps:
       trainer.ckpt.save(learner.state, cursor=self.cursor)
-    parts = distributed.allgather_json({**summary(data), "extra": extra})
-    m.update(step_metrics(parts))
-    m.update(_merge_extra([p["extra"] for p in parts]))
-    m.update({"learner_s": learner_s, "push_s": push_s, "policy_version": float(self.session.version),
-              "num_processes": float(len(parts))})
     trainer.metrics.write("rl", step, m)
     failures = [f for p in parts for f in p["failures"]]
     log.info("step %d/%d: reward %.3f (%d/%d ok), rollouts %.0f s, learner %.1f s, %s%s", step, cfg.steps,

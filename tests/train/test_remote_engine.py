@@ -7,18 +7,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 import urllib.request
 
 import pytest
 
 from clawjax.auth import ADMIN_TOKEN_ENV
-from clawjax.calllog import load
+from clawjax.calllog import CallLogWriter, load
+from clawjax.harness import adapters
 from clawjax.models.loading import load_model
-from clawjax.run.session import PolicySession
+from clawjax.run.session import PolicySession, PolicyUpdateError, RolloutJob
 from clawjax.serving.front import ShimProcessPool
 from clawjax.server_process import free_port, running
+from clawjax.tasks import select_tasks
 from clawjax.train.config import train_config
+from clawjax.train.metrics import read_metrics
 from clawjax.train.trainer import train
 from tests.train.test_e2e import _task_dir
 
@@ -52,8 +56,13 @@ def _config(tasks, url: str, export: str, steps: int):
 
 
 def _versions(workdir, step: int) -> set[int | None]:
-  rollouts = workdir / "steps" / f"step_{step}" / "rollouts.jsonl"
-  loaded = load([rollouts, workdir / "calls"], errors="collect")
+  """The policy versions of the calls step `step` trained on (an async run's: of the groups it took)."""
+  step_dir = workdir / "steps" / f"step_{step}"
+  if (step_dir / "groups.json").exists():
+    rollouts = [workdir / "groups" / f"{g}.jsonl" for g in json.loads((step_dir / "groups.json").read_text())["trained"]]
+  else:
+    rollouts = [step_dir / "rollouts.jsonl"]
+  loaded = load([*rollouts, workdir / "calls"], errors="collect")
   return {c.policy_version for rid in loaded.rollouts for c in loaded.calls.get(rid, []) if c.status == "ok"}
 
 
@@ -87,3 +96,65 @@ def test_shim_worker_processes_serve_the_run_and_the_push_reaches_the_engine(tmp
       health = json.loads(urllib.request.urlopen(session.url + "/health", timeout=10).read())
       assert isinstance(session.shim, ShimProcessPool) and len(health["workers"]) == 2
       assert session.push(load_model("test-tiny", seed=3).model, 5) == 5 and _weight_version(url) == 5
+
+
+@pytest.mark.slow
+def test_an_engine_that_refuses_new_weights_ends_the_run_after_the_step_is_checkpointed(tmp_path, monkeypatch):
+  tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
+  with engine_server(free_port()) as url:
+    cfg = dataclasses.replace(_config(tasks, url, export, steps=2), async_rl=True)
+    monkeypatch.setenv(ADMIN_TOKEN_ENV, "not-the-engine-token")  # a wrong secret: the engine answers 403
+    with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {url} refused weight version 1 \(.*403"):
+      train(cfg, workdir)
+    assert _weight_version(url) == 0
+    # Step 1 was checkpointed: with the right secret the run resumes after it, first pushing its weights.
+    monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+    assert train(cfg, workdir)["steps"] == 2
+    assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
+    assert _versions(workdir, 2) == {1} and _weight_version(url) == 2
+
+
+# Where a process runs, as "<lowest core> <number of cores>" (the task's checker and the harness below).
+_AFFINITY_PY = "import os; a = os.sched_getaffinity(0); print(min(a), len(a))"
+_CORES_CHECK_PY = f"""import json, os, subprocess, sys
+checker = subprocess.run([sys.executable, "-c", {_AFFINITY_PY!r}], capture_output=True, text=True).stdout.split()
+harness = open(os.path.join(sys.argv[1], "harness_cores.txt")).read().split()
+print(json.dumps({{"reward": 1.0, "checker_core": int(checker[0]), "checker_cores": int(checker[1]),
+                  "harness_core": int(harness[0]), "harness_cores": int(harness[1])}}))
+"""
+
+
+class AffinityMini(adapters.Mini):
+  """The mini harness, first writing where it runs into the workspace (for the checker to report)."""
+  name = "mini_affinity"
+
+  def command(self, base_url, api_key, prompt, home, options):
+    cmd = super().command(base_url, api_key, prompt, home, options)
+    return dataclasses.replace(cmd, argv=["/bin/sh", "-c", f'"$0" -c "{_AFFINITY_PY}" > harness_cores.txt; exec "$@"',
+                                          sys.executable, *cmd.argv])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
+def test_rollout_cores_hold_the_shim_workers_the_harnesses_and_the_checkers(tmp_path, monkeypatch):
+  monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+  monkeypatch.setitem(adapters.ADAPTERS, AffinityMini.name, AffinityMini())
+  tasks = _task_dir(tmp_path)
+  (tasks / "luck" / "reward" / "check.py").write_text(_CORES_CHECK_PY)
+  (tasks / "luck" / "reward" / "reward.sh").write_text(
+      'python3 reward/check.py "$PWD" | python3 -c \'import json,sys; print(json.load(sys.stdin)["reward"])\'\n')
+  everything = os.sched_getaffinity(0)
+  core = max(everything)
+  with engine_server(free_port()) as url:
+    cfg = _config(tasks, url, str(tmp_path / "export"), steps=1)
+    cfg = dataclasses.replace(cfg, shim=dataclasses.replace(cfg.shim, workers=2),
+                              rollout=dataclasses.replace(cfg.rollout, cores=str(core)))
+    with PolicySession(cfg, tmp_path / "calls") as session, CallLogWriter(tmp_path / "rollouts.jsonl") as writer:
+      assert [os.sched_getaffinity(w.proc.pid) for w in session.shim.server.workers] == [{core}, {core}]
+      jobs = [RolloutJob(task, AffinityMini.name, i) for task in select_tasks(tasks) for i in range(2)]
+      outcomes = session.run(jobs, writer, label="cores", concurrency=2)
+  assert os.sched_getaffinity(0) == everything  # the trainer's own thread stays where it was
+  for outcome in outcomes:
+    assert outcome.record.status == "ok", outcome.record.extra
+    assert outcome.record.extra["score"]["metrics"] == {
+        "reward": 1.0, "checker_core": core, "checker_cores": 1, "harness_core": core, "harness_cores": 1}
