@@ -10,11 +10,13 @@ weights, exported; the trainer pushes every update to it over its weight-update 
 the trainer's process; the async runs let one step of rollouts run ahead (`batch.max_staleness=1`; the
 quickstart's own is 0, strictly on-policy). Four runs: sync and async for `--steps` steps (reward gain),
 then sync and async for `--straggler-steps` steps with one straggling rollout per step (its harness starts late by
-`--straggler-factor` times the median rollout time of the first sync run).
+`--straggler-factor` times the median rollout time of the first sync run). Each run is a fresh trainer
+process (and engine server), so none inherits the learner steps another run compiled.
 
-Where the harnesses run (`--harness-cores`): on the engine's cores (default), as on a cluster where the
-rollouts' sandboxes run on other hosts than the learner; or on the trainer's, where an async run's next
-rollouts take CPU from the learner's step.
+The shim runs as two worker processes (`shim.workers=2`). Where the rollout side runs (`--rollout-cores`,
+i.e. `rollout.cores`: the shim's processes, the threads that drive rollouts, the harnesses and checkers):
+on the engine's cores (default), as on a cluster where rollouts run on other hosts than the learner; or on
+the trainer's, where an async run's next rollouts take CPU from the learner's step.
 
 Prints one JSON object: {"sync": {"step_s", "rollout_s", "learner_s", "reward_gain"}, "async": {...,
 "staleness_hist", "tis_truncated"}, "straggler": {"sync_growth", "async_growth"}} — seconds are medians
@@ -28,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import pathlib
 import sys
@@ -41,22 +44,35 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOKEN = "benchmark-admin-token"
 
 
-def _cores() -> tuple[set[int], set[int]]:
-  """(the engine's cores, the trainer's cores): the machine split in two."""
-  cores = sorted(os.sched_getaffinity(0))
-  half = max(1, len(cores) // 2)
-  return set(cores[:half]), set(cores[half:]) or set(cores[:half])
+@dataclasses.dataclass(frozen=True)
+class Cores:
+  """The machine split in two: the engine server's cores and the trainer's (its learner's); the rollout
+  side (`rollout.cores`) runs on one of them."""
+  engine: frozenset[int]
+  trainer: frozenset[int]
+  rollout: frozenset[int]
+
+  @classmethod
+  def split(cls, rollout_side: str) -> "Cores":
+    """Taken before the trainer pins itself: afterwards this process sees only the trainer's cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    engine, trainer = frozenset(cores[:half]), frozenset(cores[half:] or cores[:half])
+    return cls(engine, trainer, engine if rollout_side == "engine" else trainer)
+
+  def to_json(self) -> dict[str, list[int]]:
+    return {k: sorted(v) for k, v in dataclasses.asdict(self).items()}
 
 
 @contextlib.contextmanager
-def _engine(model_dir: str, port: int, cores: set[int]):
+def _engine(model_dir: str, port: int, cores: frozenset[int]):
   with running([sys.executable, "-m", "clawjax.engine", "--model", model_dir, "--port", str(port), "--max-slots",
                 "8", "--max-seq-len", "1024"], f"http://127.0.0.1:{port}/health", env={"CLAWJAX_ADMIN_TOKEN": TOKEN},
                timeout_s=300, cores=cores):
     yield f"http://127.0.0.1:{port}"
 
 
-def _config(steps: int, url: str, export: str, async_rl: bool, harness: str, init: str | None = None):
+def _config(steps: int, url: str, export: str, async_rl: bool, harness: str, overrides: tuple[str, ...] = ()):
   import importlib.util  # pylint: disable=import-outside-toplevel
   from clawjax.train.config import train_config  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location("quickstart_config", ROOT / "configs" / "quickstart.py")
@@ -65,18 +81,43 @@ def _config(steps: int, url: str, export: str, async_rl: bool, harness: str, ini
   return train_config(module.get_config(), [f"steps={steps}", f"async_rl={async_rl}", "engine.backend=sglang",
                              f"engine.url={url}", f"engine.export_dir={export}", "engine.options={}",
                              f"harnesses={harness}", "progress=false", "plot=false", "tensorboard=false",
-                             "checkpoint_every=1000", f"batch.max_staleness={int(async_rl)}"]
-                      + ([f"model.init={init}", "model.random_init=false", "model.overrides={}", "sft.steps=0"]
-                         if init else []))
+                             "checkpoint_every=1000", f"batch.max_staleness={int(async_rl)}", *overrides])
 
 
-def _run(name: str, steps: int, args, model_dir: str, work: pathlib.Path, harness: str) -> dict:
+def _train_one(name: str, steps: int, delay: float, cores: Cores, url: str, model_dir: str,
+               work: pathlib.Path) -> None:
+  """One run, in a process of its own pinned to the trainer's cores (JAX after the affinity is set)."""
+  os.sched_setaffinity(0, cores.trainer)
+  # pylint: disable=import-outside-toplevel
+  from clawjax.harness import adapters
+  from clawjax.train.trainer import train
+
+  class BenchMini(adapters.Mini):
+    """The mini harness; with a delay, rollout 0 of task qs_sky (in every step's sample: the quickstart
+    takes all four tasks) starts late, so that it takes `--straggler-factor` times the median rollout."""
+    name = "bench_mini"
+
+    def command(self, base_url, api_key, prompt, home, options):
+      cmd = super().command(base_url, api_key, prompt, home, options)
+      rollout = base_url.rstrip("/").rsplit("/r/", 1)[-1]
+      late = delay if "-qs_sky-" in rollout and rollout.rsplit("-", 2)[-2] == "0" else 0.0
+      return dataclasses.replace(cmd, argv=["/bin/sh", "-c", f'sleep {late:.1f}; exec "$@"', "sh", *cmd.argv])
+
+  adapters.ADAPTERS[BenchMini.name] = BenchMini()
+  train(_config(steps, url, str(work / f"{name}-export"), name.startswith("async"), BenchMini.name,
+                (f"model.init={model_dir}", "model.random_init=false", "model.overrides={}", "sft.steps=0",
+                 "shim.workers=2", f"rollout.cores={','.join(map(str, sorted(cores.rollout)))}")), work / name)
+
+
+def _run(name: str, steps: int, delay: float, cores: Cores, model_dir: str, work: pathlib.Path) -> dict:
   from clawjax.train.metrics import read_metrics  # pylint: disable=import-outside-toplevel
-  from clawjax.train.trainer import train  # pylint: disable=import-outside-toplevel
-  engine_cores, _ = _cores()
-  with _engine(model_dir, free_port(), engine_cores) as url:
-    cfg = _config(steps, url, str(work / f"{name}-export"), name.startswith("async"), harness, model_dir)
-    train(cfg, work / name)
+  with _engine(model_dir, free_port(), cores.engine) as url:
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_train_one, args=(name, steps, delay, cores, url, model_dir, work), name=f"trainer-{name}")
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+      raise RuntimeError(f"the {name} run's trainer process failed (exit status {proc.exitcode})")
   rows = sorted(read_metrics(work / name, "rl"), key=lambda r: r["step"])
   later = rows[1:] or rows
   times = _step_times(rows)
@@ -132,51 +173,29 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--straggler-steps", type=int, default=5)
   parser.add_argument("--straggler-factor", type=float, default=5.0)
-  parser.add_argument("--harness-cores", choices=("engine", "trainer"), default="engine",
-                      help="where the harness processes run (see above)")
+  parser.add_argument("--rollout-cores", choices=("engine", "trainer"), default="engine",
+                      help="where the rollout side runs (see above)")
   parser.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary dir)")
   parser.add_argument("--json", action="store_true")
   args = parser.parse_args(argv)
-  engine_cores, trainer_cores = _cores()
-  os.sched_setaffinity(0, trainer_cores)
+  cores = Cores.split(args.rollout_cores)
+  os.sched_setaffinity(0, cores.trainer)
   os.environ["CLAWJAX_ADMIN_TOKEN"] = TOKEN
   # pylint: disable=import-outside-toplevel  (JAX after the affinity is set)
   from clawjax.environment import describe as describe_environment
-  from clawjax.harness import adapters
   from clawjax.train.metrics import read_metrics
   with tempfile.TemporaryDirectory() as tmp:
     work = pathlib.Path(args.workdir or tmp)
     model_dir = _cold_start(work)
-
-    class BenchMini(adapters.Mini):
-      """The mini harness on `--harness-cores`; with a delay, rollout 0 of task qs_sky (in every step's
-      sample: the quickstart takes all four tasks) starts late, so that it takes `--straggler-factor` times
-      the median rollout."""
-
-      def __init__(self, name: str, delay: float):
-        self.name, self.delay = name, delay
-
-      def command(self, base_url, api_key, prompt, home, options):
-        cmd = super().command(base_url, api_key, prompt, home, options)
-        rollout = base_url.rstrip("/").rsplit("/r/", 1)[-1]
-        late = self.delay if "-qs_sky-" in rollout and rollout.rsplit("-", 2)[-2] == "0" else 0.0
-        pin = ["taskset", "-c", ",".join(map(str, sorted(engine_cores)))] if args.harness_cores == "engine" else []
-        return dataclasses.replace(cmd, argv=[*pin, "/bin/sh", "-c", f'sleep {late:.1f}; exec "$@"', "sh", *cmd.argv])
-
-    def run(name: str, steps: int, delay: float) -> dict:
-      harness = BenchMini(f"bench_mini_{name}", delay)
-      adapters.ADAPTERS[harness.name] = harness
-      return _run(name, steps, args, model_dir, work, harness.name)
-
-    report: dict = {m: run(m, args.steps, 0.0) for m in ("sync", "async")}
+    report: dict = {m: _run(m, args.steps, 0.0, cores, model_dir, work) for m in ("sync", "async")}
     delay = args.straggler_factor * _median_rollout_s(work / "sync")
-    late = {m: run(f"{m}-straggler", args.straggler_steps, delay) for m in ("sync", "async")}
+    late = {m: _run(f"{m}-straggler", args.straggler_steps, delay, cores, model_dir, work) for m in ("sync", "async")}
     # Against the same modes' first steps without the straggler (the runs above).
     base = {m: float(np.median(_step_times(sorted(read_metrics(work / m, "rl"), key=lambda r: r["step"])
                                            [:args.straggler_steps]))) for m in late}
     report["straggler"] = {f"{m}_growth": round(late[m]["step_s"] / base[m] - 1, 3) for m in late}
     report["straggler"]["delay_s"] = round(delay, 2)
-  report["harness_cores"] = args.harness_cores
+  report["cores"] = cores.to_json()
   report["environment"] = describe_environment()
   print(json.dumps(report, indent=None if args.json else 2))
   return report
