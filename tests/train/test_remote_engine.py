@@ -119,7 +119,7 @@ _AFFINITY_PY = "import os; a = os.sched_getaffinity(0); print(min(a), len(a))"
 _CORES_CHECK_PY = f"""import json, os, subprocess, sys
 checker = subprocess.run([sys.executable, "-c", {_AFFINITY_PY!r}], capture_output=True, text=True).stdout.split()
 harness = open(os.path.join(sys.argv[1], "harness_cores.txt")).read().split()
-print(json.dumps({{"reward": 1.0, "checker_core": int(checker[0]), "checker_cores": int(checker[1]),
+print(json.dumps({{"reward": 1.0, "luck": 1.0, "checker_core": int(checker[0]), "checker_cores": int(checker[1]),
                   "harness_core": int(harness[0]), "harness_cores": int(harness[1])}}))
 """
 
@@ -140,9 +140,7 @@ def test_rollout_cores_hold_the_shim_workers_the_harnesses_and_the_checkers(tmp_
   monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
   monkeypatch.setitem(adapters.ADAPTERS, AffinityMini.name, AffinityMini())
   tasks = _task_dir(tmp_path)
-  (tasks / "luck" / "reward" / "check.py").write_text(_CORES_CHECK_PY)
-  (tasks / "luck" / "reward" / "reward.sh").write_text(
-      'python3 reward/check.py "$PWD" | python3 -c \'import json,sys; print(json.load(sys.stdin)["reward"])\'\n')
+  (tasks / "luck" / "reward" / "check.py").write_text(_CORES_CHECK_PY)  # reward.sh reads its "luck"
   everything = os.sched_getaffinity(0)
   core = max(everything)
   with engine_server(free_port()) as url:
@@ -157,4 +155,4 @@ def test_rollout_cores_hold_the_shim_workers_the_harnesses_and_the_checkers(tmp_
   for outcome in outcomes:
     assert outcome.record.status == "ok", outcome.record.extra
     assert outcome.record.extra["score"]["metrics"] == {
-        "reward": 1.0, "checker_core": core, "checker_cores": 1, "harness_core": core, "harness_cores": 1}
+        "reward": 1.0, "luck": 1.0, "checker_core": core, "checker_cores": 1, "harness_core": core, "harness_cores": 1}
