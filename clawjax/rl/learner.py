@@ -142,15 +142,16 @@ class Learner:
     param_sh = {k: sharding.state_shardings(v, self.mesh, rules) for k, v in params.items()}
     opt_state = {name: tx.init(params[name]) for name, tx in self.txs.items()}
     value_opt_state = self.value_tx.init(params["value"]) if value is not None else None
-    by_path = sharding.path_shardings(param_sh)
-    value_by_path = sharding.path_shardings(param_sh.get("value"))
     replicated = NamedSharding(self.mesh, P())
+    # Adam's moments are laid out like their parameters (found structurally from each optimizer).
     self.state_sharding = TrainState(
         params=param_sh,
-        opt_state=sharding.tree_shardings_like(opt_state, by_path, self.mesh),
+        opt_state={name: sharding.optimizer_shardings(tx, opt_state[name], param_sh[name], self.mesh)
+                   for name, tx in self.txs.items()},
         step=replicated, rng=replicated,
         ref_params=param_sh["policy"] if cfg.kl_coef else None,
-        value_opt_state=sharding.tree_shardings_like(value_opt_state, value_by_path, self.mesh))
+        value_opt_state=None if value is None else sharding.optimizer_shardings(
+            self.value_tx, value_opt_state, param_sh["value"], self.mesh))
     state = TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
                        rng=jax.random.PRNGKey(cfg.seed),
                        ref_params=jax.tree.map(jnp.copy, policy_params) if cfg.kl_coef else None,
