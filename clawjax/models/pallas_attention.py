@@ -66,15 +66,28 @@ def compact(table_Bqk: jax.Array) -> tuple[jax.Array, jax.Array]:
 def pallas_attention_flops(visible_blocks: int | jax.Array, block: int, head_dim: int, n_heads: int,
                            backward: bool = True) -> float:
   """Analytical FLOPs of the kernel (cost analysis cannot see inside it). `visible_blocks`: visible
-  (query block, key block) pairs summed over rows (`block_table(...).sum()`). Forward: QK^T and PV,
-  2 * 2 * block^2 * head_dim per pair and query head; backward: recomputed QK^T plus dP, dQ, dK, dV, 2.5x
-  the forward."""
-  forward = 4.0 * float(visible_blocks) * block * block * head_dim * n_heads
-  return forward * 3.5 if backward else forward
+  (query block, key block) pairs summed over rows (`block_table(...).sum()`); `n_heads`: query heads.
+  Each visible pair and query head costs matmuls of block x block x head_dim (2 * block^2 * head_dim
+  FLOPs each): 2 forward (QK^T, PV); backward 3 in the dQ kernel (QK^T, dO V^T, dS K) and 4 in the dK/dV
+  kernel (QK^T, P^T dO, dO V^T, dS^T Q). `backward`: forward + backward (9 matmuls), else forward (2)."""
+  matmuls = 9 if backward else 2
+  return matmuls * 2.0 * float(visible_blocks) * block * block * head_dim * n_heads
 
 
-def _mask(q_seg_Q1, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
-  """[Q, K] bool: the mask rule on one (query block, key block) tile."""
+def _column(row_1Q: jax.Array) -> jax.Array:
+  """(1, Q) f32 -> (Q, 1). Per-query values travel as lane-dense rows: a [.., T, 1] array would be padded
+  to 128 lanes in TPU memory (a 64K-token row's logsumexp per head: 32 MiB instead of 256 KiB)."""
+  return jnp.broadcast_to(row_1Q, (128, row_1Q.shape[1])).T[:, :1]
+
+
+def _row(column_Q1: jax.Array) -> jax.Array:
+  """(Q, 1) f32 -> (1, Q), the inverse of `_column`."""
+  return jnp.broadcast_to(column_Q1, (column_Q1.shape[0], 128)).T[:1, :]
+
+
+def _mask(q_seg_1Q, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
+  """[Q, K] bool: the mask rule on one (query block, key block) tile (query segment ids as f32)."""
+  q_seg_Q1 = _column(q_seg_1Q).astype(jnp.int32)
   q_index_Q1 = q_start + jax.lax.broadcasted_iota(jnp.int32, q_seg_Q1.shape, 0)
   k_index_1K = k_start + jax.lax.broadcasted_iota(jnp.int32, k_seg_1K.shape, 1)
   return ((q_seg_Q1 == k_seg_1K) & (q_seg_Q1 != 0) & (k_index_1K <= q_index_Q1) & (q_index_Q1 < k_end_1K))
@@ -112,7 +125,7 @@ def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_se
     seen_Q1 = l_Q1 > 0
     o_ref[...] = (acc_scr[...] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
     # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
-    lse_ref[...] = jnp.where(seen_Q1, m_scr[...] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0)
+    lse_ref[...] = _row(jnp.where(seen_Q1, m_scr[...] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0))
 
 
 def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
@@ -129,9 +142,9 @@ def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
     kj = kv_list_ref[row * nq + step]
     mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
     s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - lse_ref[...]), 0.0)
+    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_ref[...])), 0.0)
     dp_QK = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, preferred_element_type=jnp.float32)
-    ds_QK = p_QK * (dp_QK - delta_ref[...])
+    ds_QK = p_QK * (dp_QK - _column(delta_ref[...]))
     dq_scr[...] += jnp.dot(ds_QK.astype(k_ref.dtype), k_ref[...], preferred_element_type=jnp.float32)
 
   @pl.when(step == pl.num_programs(3) - 1)
@@ -154,11 +167,11 @@ def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
     qi = q_list_ref[row * nq + step]
     mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
     s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - lse_ref[...]), 0.0)
+    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_ref[...])), 0.0)
     do_QH = do_ref[...]
     dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
     dp_QK = jax.lax.dot_general(do_QH, v_ref[...], _NT, preferred_element_type=jnp.float32)
-    ds_QK = p_QK * (dp_QK - delta_ref[...])
+    ds_QK = p_QK * (dp_QK - _column(delta_ref[...]))
     dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_ref.dtype), q_ref[...], _TN,
                                        preferred_element_type=jnp.float32)
 
@@ -169,8 +182,8 @@ def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
 
 
 class _Layout:
-  """Kernel-side arrays of one call: heads-major q/k/v [B, heads, T, H] (T padded to the block), the
-  segment ids as a column [B, T, 1] (queries) and as rows [B, 1, T] (keys), and the compacted lists."""
+  """Kernel-side arrays of one call besides q/k/v: segment ids and subtree ends as rows [B, 1, T] (the
+  queries' segment ids as f32, turned into a column in the kernel), and the compacted lists."""
 
   def __init__(self, segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int):
     self.block = block
@@ -182,15 +195,15 @@ class _Layout:
     # Flat 1-D prefetch arrays: SMEM pads the minor dimension of 2-D arrays.
     self.kv_list, self.kv_count = kv_list_Bqk.reshape(-1), kv_count_Bq.reshape(-1)
     self.q_list, self.q_count = q_list_Bkq.reshape(-1), q_count_Bk.reshape(-1)
-    self.q_seg_BT1 = segment_ids_BT[:, :, None]
+    self.q_seg_B1T = segment_ids_BT[:, None, :].astype(jnp.float32)  # exact below 2^24 segments
     self.k_seg_B1T = segment_ids_BT[:, None, :]
     self.k_end_B1T = subtree_end_BT[:, None, :]
 
 
 def _seg_specs(block: int, q_block, k_block) -> list[pl.BlockSpec]:
-  """Block specs of (q segment column, k segment row, k subtree-end row); q_block / k_block map the grid
-  indices (and prefetch refs) to the query / key block index."""
-  return [pl.BlockSpec((None, block, 1), lambda *a: (a[0], q_block(*a), 0)),
+  """Block specs of the (q segment, k segment, k subtree end) rows; q_block / k_block map the grid indices
+  (and prefetch refs) to the query / key block index."""
+  return [pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, q_block(*a))),
           pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, k_block(*a))),
           pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, k_block(*a)))]
 
@@ -210,37 +223,38 @@ def _forward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, interpret: bool):
   kv_block = lambda bi, ni, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
   q_block = lambda bi, ni, qi, s, kv_list, count: qi
   q_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
+  # lax.div, not //: floor division lowers through `sign`, whose Mosaic rule asks the current device's
+  # TPU generation, which a CPU host compiling for a TPU target outside a TPU mesh does not have.
   kv_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, kv_list, count:
-                         (bi, ni // groups, kv_list[(bi * nq + qi) * nq + s], 0))
-  stat_spec = pl.BlockSpec((None, None, blk, 1), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
+                         (bi, jax.lax.div(ni, groups), kv_list[(bi * nq + qi) * nq + s], 0))
+  stat_spec = pl.BlockSpec((None, None, 1, blk), lambda bi, ni, qi, s, *_: (bi, ni, 0, qi))
   kernel = functools.partial(_forward_kernel, block=blk, nq=nq, scale=h ** -0.5)
-  o_BNTH, lse_BNT1 = _call(
+  o_BNTH, lse_BN1T = _call(
       kernel, (b, n, nq, nq), [q_spec, kv_spec, kv_spec] + _seg_specs(blk, q_block, kv_block),
       [q_spec, stat_spec],
-      [jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype), jax.ShapeDtypeStruct((b, n, t, 1), jnp.float32)],
+      [jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype), jax.ShapeDtypeStruct((b, n, 1, t), jnp.float32)],
       [pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, h), jnp.float32)],
       ("parallel", "parallel", "parallel", "arbitrary"), interpret,
-  )(lay.kv_list, lay.kv_count, q_BNTH, k_BKTH, v_BKTH, lay.q_seg_BT1, lay.k_seg_B1T, lay.k_end_B1T)
-  return o_BNTH, lse_BNT1
+  )(lay.kv_list, lay.kv_count, q_BNTH, k_BKTH, v_BKTH, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
+  return o_BNTH, lse_BN1T
 
 
-def _backward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BNT1, do_BNTH, interpret: bool):
+def _backward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BN1T, do_BNTH, interpret: bool):
   b, n, t, h = q_BNTH.shape
   kv = k_BKTH.shape[1]
   groups = n // kv
   blk, nq = lay.block, lay.nq
   kernel_args = dict(block=blk, nq=nq, scale=h ** -0.5)
   # delta_i = sum_h dO_ih O_ih = sum_j P_ij dP_ij: the softmax's backward correction per query.
-  delta_BNT1 = jnp.sum(do_BNTH.astype(jnp.float32) * o_BNTH.astype(jnp.float32), axis=-1, keepdims=True)
-  operands = (q_BNTH, k_BKTH, v_BKTH, do_BNTH, lse_BNT1, delta_BNT1, lay.q_seg_BT1, lay.k_seg_B1T, lay.k_end_B1T)
+  delta_BN1T = jnp.sum(do_BNTH.astype(jnp.float32) * o_BNTH.astype(jnp.float32), axis=-1)[:, :, None, :]
+  operands = (q_BNTH, k_BKTH, v_BKTH, do_BNTH, lse_BN1T, delta_BN1T, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
 
   # dQ: grid (row, query head, query block, step over its visible key blocks), as the forward pass.
   kv_block = lambda bi, ni, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_rows = lambda bi, ni, qi, s, *_: (bi, ni, qi, 0)
-  q_spec = pl.BlockSpec((None, None, blk, h), q_rows)
+  q_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
   kv_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, kv_list, count:
-                         (bi, ni // groups, kv_block(bi, ni, qi, s, kv_list, count), 0))
-  stat_spec = pl.BlockSpec((None, None, blk, 1), q_rows)
+                         (bi, jax.lax.div(ni, groups), kv_block(bi, ni, qi, s, kv_list, count), 0))
+  stat_spec = pl.BlockSpec((None, None, 1, blk), lambda bi, ni, qi, s, *_: (bi, ni, 0, qi))
   dq_BNTH = _call(
       functools.partial(_dq_kernel, **kernel_args), (b, n, nq, nq),
       [q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec]
@@ -252,10 +266,10 @@ def _backward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BNT1, do_BNTH, i
   # dK, dV: grid (row, KV head, key block, query head of the group, step over visible query blocks);
   # the group's query heads accumulate into one KV head's gradient.
   q_block = lambda bi, ki, kj, g, s, q_list, count: q_list[(bi * nq + kj) * nq + s]
-  q_rows_t = lambda bi, ki, kj, g, s, q_list, count: (bi, ki * groups + g, q_block(bi, ki, kj, g, s, q_list, count), 0)
-  qt_spec = pl.BlockSpec((None, None, blk, h), q_rows_t)
+  q_head = lambda bi, ki, kj, g, s, q_list, count: (bi, ki * groups + g)
+  qt_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (*q_head(*a), q_block(*a), 0))
   k_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ki, kj, g, s, *_: (bi, ki, kj, 0))
-  stat_t_spec = pl.BlockSpec((None, None, blk, 1), q_rows_t)
+  stat_t_spec = pl.BlockSpec((None, None, 1, blk), lambda *a: (*q_head(*a), 0, q_block(*a)))
   dk_BKTH, dv_BKTH = _call(
       functools.partial(_dkv_kernel, **kernel_args), (b, kv, nq, groups, nq),
       [qt_spec, k_spec, k_spec, qt_spec, stat_t_spec, stat_t_spec]
@@ -274,14 +288,14 @@ def _attend(q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block: int, 
 
 
 def _attend_fwd(q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block, interpret):
-  o_BNTH, lse_BNT1 = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BNTH, k_BKTH, v_BKTH, interpret)
-  return o_BNTH, (q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BNT1)
+  o_BNTH, lse_BN1T = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BNTH, k_BKTH, v_BKTH, interpret)
+  return o_BNTH, (q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BN1T)
 
 
 def _attend_bwd(block, interpret, residuals, do_BNTH):
-  q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BNT1 = residuals
+  q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BN1T = residuals
   lay = _Layout(segment_ids_BT, subtree_end_BT, block)
-  dq, dk, dv = _backward(lay, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BNT1, do_BNTH, interpret)
+  dq, dk, dv = _backward(lay, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BN1T, do_BNTH, interpret)
   return dq, dk, dv, None, None
 
 

@@ -111,11 +111,13 @@ def test_decoder_with_pallas_equals_dense():
   assert rel_err(logits, ref) < 1e-5
 
 
-def test_compiles_for_tpu_under_the_learner_mesh():
+def test_compiles_for_tpu_under_the_learner_mesh(monkeypatch):
   """Mosaic, not the interpreter: forward and backward (bf16, block 128, rows over data, heads over
   tensor) compiled for a v5e 2x2 topology on this CPU host, each kernel a TPU custom call."""
   pytest.importorskip("libtpu", reason="libtpu is not installed (the `tpu` extra): no TPU compiler here")
   from jax.experimental import topologies
+  # libtpu takes a machine-wide lock unless told otherwise; compile-only, other processes may hold it.
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
   mesh = sharding.make_mesh(sharding.MeshConfig(data=2, tensor=2), devices=devices)
   b, t, n, kv, h = 4, 2000, 8, 2, 128
