@@ -131,13 +131,14 @@ def blocked_needed_blocks(seg_T: np.ndarray, end_T: np.ndarray, block: int) -> i
 
 def pallas_hbm_bytes(visible: int, nb: int, block: int, n: int, kv: int, h: int, itemsize: int = 2) -> int:
   """The kernels' block traffic (bf16), forward + backward: a block index that does not change between
-  grid steps is not fetched again. Forward: q and o once per query block, k and v per visible block and
-  query head; dQ: q, dO, dQ once, k and v per visible block; dK/dV: k, v, dK, dV once per KV head, q and
-  dO per visible block and query head. The per-query statistics and the row arrays are left out (< 1%)."""
+  grid steps is not fetched again, and a step holds a KV head's whole query-head group. Forward: q and o
+  once per query block, k and v per visible block and KV head; dQ: q, dO, dQ once, k and v per visible
+  block; dK/dV: k, v, dK, dV once, q and dO per visible block and query head. The per-query statistics
+  and the row arrays are left out (< 1%)."""
   tile = block * h * itemsize
-  forward = n * (2 * nb + 2 * visible) * tile
-  dq = n * (3 * nb + 2 * visible) * tile
-  dkv = kv * 4 * nb * tile + n * 2 * visible * tile
+  forward = (2 * n * nb + 2 * kv * visible) * tile
+  dq = (3 * n * nb + 2 * kv * visible) * tile
+  dkv = (4 * kv * nb + 2 * n * visible) * tile
   return forward + dq + dkv
 
 

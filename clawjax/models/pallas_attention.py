@@ -13,6 +13,9 @@ step past the list's end repeats the last block index (no new DMA) and skips its
 pass walks the transposed table (visible query blocks per key block) for dK/dV and the same lists as the
 forward pass for dQ, recomputing the probabilities from the saved logsumexp: nothing of size [T, T].
 
+GQA: a grid step holds the G query heads of one KV head, so a key/value block is fetched once for the
+group; dK/dV sum the group's heads in the kernel.
+
 Numerics: inputs in their dtype (bf16 on TPU), matmuls accumulate in f32, softmax statistics and
 accumulators are f32 scratch.
 
@@ -95,6 +98,8 @@ def _mask(q_seg_1Q, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
 
 def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, k_end_ref,
                     o_ref, lse_ref, m_scr, l_scr, acc_scr, *, block: int, nq: int, scale: float):
+  """Grid (row, KV head, query block, step over its visible key blocks); q/o blocks hold the G query
+  heads of the KV head, so a key/value block is fetched once for the group."""
   b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   row = b * nq + qi
 
@@ -108,28 +113,40 @@ def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_se
   def _visible_block():
     kj = kv_list_ref[row * nq + step]
     mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
-    s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    s_QK = jnp.where(mask_QK, s_QK, _NEG)
-    m_prev_Q1 = m_scr[...]
-    m_new_Q1 = jnp.maximum(m_prev_Q1, jnp.max(s_QK, axis=1, keepdims=True))
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - m_new_Q1), 0.0)
-    correction_Q1 = jnp.exp(m_prev_Q1 - m_new_Q1)
-    l_scr[...] = l_scr[...] * correction_Q1 + jnp.sum(p_QK, axis=1, keepdims=True)
-    pv_QH = jnp.dot(p_QK.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    acc_scr[...] = acc_scr[...] * correction_Q1 + pv_QH
-    m_scr[...] = m_new_Q1
+    k_KH, v_KH = k_ref[...], v_ref[...]
+    for g in range(q_ref.shape[0]):
+      s_QK = jax.lax.dot_general(q_ref[g], k_KH, _NT, preferred_element_type=jnp.float32) * scale
+      s_QK = jnp.where(mask_QK, s_QK, _NEG)
+      m_prev_Q1 = m_scr[g]
+      m_new_Q1 = jnp.maximum(m_prev_Q1, jnp.max(s_QK, axis=1, keepdims=True))
+      p_QK = jnp.where(mask_QK, jnp.exp(s_QK - m_new_Q1), 0.0)
+      correction_Q1 = jnp.exp(m_prev_Q1 - m_new_Q1)
+      l_scr[g] = l_scr[g] * correction_Q1 + jnp.sum(p_QK, axis=1, keepdims=True)
+      pv_QH = jnp.dot(p_QK.astype(v_KH.dtype), v_KH, preferred_element_type=jnp.float32)
+      acc_scr[g] = acc_scr[g] * correction_Q1 + pv_QH
+      m_scr[g] = m_new_Q1
 
   @pl.when(step == pl.num_programs(3) - 1)
   def _finish():
-    l_Q1 = l_scr[...]
-    seen_Q1 = l_Q1 > 0
-    o_ref[...] = (acc_scr[...] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
-    # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
-    lse_ref[...] = _row(jnp.where(seen_Q1, m_scr[...] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0))
+    for g in range(q_ref.shape[0]):
+      l_Q1 = l_scr[g]
+      seen_Q1 = l_Q1 > 0
+      o_ref[g] = (acc_scr[g] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
+      # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
+      lse_ref[g] = _row(jnp.where(seen_Q1, m_scr[g] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0))
+
+
+def _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_1Q, delta_1Q, mask_QK, scale: float):
+  """Recomputed probabilities P and the scores' gradient dS = P * (dO V^T - delta) of one tile (f32)."""
+  s_QK = jax.lax.dot_general(q_QH, k_KH, _NT, preferred_element_type=jnp.float32) * scale
+  p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_1Q)), 0.0)
+  dp_QK = jax.lax.dot_general(do_QH, v_KH, _NT, preferred_element_type=jnp.float32)
+  return p_QK, p_QK * (dp_QK - _column(delta_1Q))
 
 
 def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
                k_seg_ref, k_end_ref, dq_ref, dq_scr, *, block: int, nq: int, scale: float):
+  """The forward pass's grid and lists; dQ of the group's G query heads."""
   b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   row = b * nq + qi
 
@@ -141,11 +158,10 @@ def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
   def _visible_block():
     kj = kv_list_ref[row * nq + step]
     mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
-    s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_ref[...])), 0.0)
-    dp_QK = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, preferred_element_type=jnp.float32)
-    ds_QK = p_QK * (dp_QK - _column(delta_ref[...]))
-    dq_scr[...] += jnp.dot(ds_QK.astype(k_ref.dtype), k_ref[...], preferred_element_type=jnp.float32)
+    k_KH, v_KH = k_ref[...], v_ref[...]
+    for g in range(q_ref.shape[0]):
+      _, ds_QK = _probs_and_dscores(q_ref[g], k_KH, v_KH, do_ref[g], lse_ref[g], delta_ref[g], mask_QK, scale)
+      dq_scr[g] += jnp.dot(ds_QK.astype(k_KH.dtype), k_KH, preferred_element_type=jnp.float32)
 
   @pl.when(step == pl.num_programs(3) - 1)
   def _finish():
@@ -154,10 +170,12 @@ def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
 
 def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
                 k_seg_ref, k_end_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, block: int, nq: int, scale: float):
-  b, kj, g, step = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
+  """Grid (row, KV head, key block, step over the query blocks that see it); the group's G query heads
+  accumulate into the KV head's dK and dV."""
+  b, kj, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
   row = b * nq + kj
 
-  @pl.when((g == 0) & (step == 0))
+  @pl.when(step == 0)
   def _init():
     dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
     dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
@@ -166,16 +184,14 @@ def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
   def _visible_block():
     qi = q_list_ref[row * nq + step]
     mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
-    s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_ref[...])), 0.0)
-    do_QH = do_ref[...]
-    dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
-    dp_QK = jax.lax.dot_general(do_QH, v_ref[...], _NT, preferred_element_type=jnp.float32)
-    ds_QK = p_QK * (dp_QK - _column(delta_ref[...]))
-    dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_ref.dtype), q_ref[...], _TN,
-                                       preferred_element_type=jnp.float32)
+    k_KH, v_KH = k_ref[...], v_ref[...]
+    for g in range(q_ref.shape[0]):
+      q_QH, do_QH = q_ref[g], do_ref[g]
+      p_QK, ds_QK = _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_ref[g], delta_ref[g], mask_QK, scale)
+      dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
+      dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_QH.dtype), q_QH, _TN, preferred_element_type=jnp.float32)
 
-  @pl.when((g == pl.num_programs(3) - 1) & (step == pl.num_programs(4) - 1))
+  @pl.when(step == pl.num_programs(3) - 1)
   def _finish():
     dk_ref[...] = (dk_scr[...] * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
@@ -216,86 +232,77 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, inte
       compiler_params=pltpu.CompilerParams(dimension_semantics=semantics))
 
 
-def _forward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, interpret: bool):
-  b, n, t, h = q_BNTH.shape
-  groups = n // k_BKTH.shape[1]
+def _forward(lay: _Layout, q_BKGTH, k_BKTH, v_BKTH, interpret: bool):
+  b, kv, groups, t, h = q_BKGTH.shape
   blk, nq = lay.block, lay.nq
-  kv_block = lambda bi, ni, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_block = lambda bi, ni, qi, s, kv_list, count: qi
-  q_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
-  # lax.div, not //: floor division lowers through `sign`, whose Mosaic rule asks the current device's
-  # TPU generation, which a CPU host compiling for a TPU target outside a TPU mesh does not have.
-  kv_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, kv_list, count:
-                         (bi, jax.lax.div(ni, groups), kv_list[(bi * nq + qi) * nq + s], 0))
-  stat_spec = pl.BlockSpec((None, None, 1, blk), lambda bi, ni, qi, s, *_: (bi, ni, 0, qi))
+  kv_block = lambda bi, ki, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
+  q_spec = pl.BlockSpec((None, None, groups, blk, h), lambda bi, ki, qi, s, *_: (bi, ki, 0, qi, 0))
+  kv_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (a[0], a[1], kv_block(*a), 0))
+  stat_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda bi, ki, qi, s, *_: (bi, ki, 0, 0, qi))
   kernel = functools.partial(_forward_kernel, block=blk, nq=nq, scale=h ** -0.5)
-  o_BNTH, lse_BN1T = _call(
-      kernel, (b, n, nq, nq), [q_spec, kv_spec, kv_spec] + _seg_specs(blk, q_block, kv_block),
+  return _call(
+      kernel, (b, kv, nq, nq), [q_spec, kv_spec, kv_spec] + _seg_specs(blk, lambda bi, ki, qi, *_: qi, kv_block),
       [q_spec, stat_spec],
-      [jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype), jax.ShapeDtypeStruct((b, n, 1, t), jnp.float32)],
-      [pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, h), jnp.float32)],
+      [jax.ShapeDtypeStruct(q_BKGTH.shape, q_BKGTH.dtype), jax.ShapeDtypeStruct((b, kv, groups, 1, t), jnp.float32)],
+      [pltpu.VMEM((groups, blk, 1), jnp.float32), pltpu.VMEM((groups, blk, 1), jnp.float32),
+       pltpu.VMEM((groups, blk, h), jnp.float32)],
       ("parallel", "parallel", "parallel", "arbitrary"), interpret,
-  )(lay.kv_list, lay.kv_count, q_BNTH, k_BKTH, v_BKTH, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
-  return o_BNTH, lse_BN1T
+  )(lay.kv_list, lay.kv_count, q_BKGTH, k_BKTH, v_BKTH, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
 
 
-def _backward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BN1T, do_BNTH, interpret: bool):
-  b, n, t, h = q_BNTH.shape
-  kv = k_BKTH.shape[1]
-  groups = n // kv
+def _backward(lay: _Layout, q_BKGTH, k_BKTH, v_BKTH, o_BKGTH, lse_BKG1T, do_BKGTH, interpret: bool):
+  b, kv, groups, t, h = q_BKGTH.shape
   blk, nq = lay.block, lay.nq
   kernel_args = dict(block=blk, nq=nq, scale=h ** -0.5)
   # delta_i = sum_h dO_ih O_ih = sum_j P_ij dP_ij: the softmax's backward correction per query.
-  delta_BN1T = jnp.sum(do_BNTH.astype(jnp.float32) * o_BNTH.astype(jnp.float32), axis=-1)[:, :, None, :]
-  operands = (q_BNTH, k_BKTH, v_BKTH, do_BNTH, lse_BN1T, delta_BN1T, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
+  delta_BKG1T = jnp.sum(do_BKGTH.astype(jnp.float32) * o_BKGTH.astype(jnp.float32), axis=-1)[..., None, :]
+  operands = (q_BKGTH, k_BKTH, v_BKTH, do_BKGTH, lse_BKG1T, delta_BKG1T, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
+  semantics = ("parallel", "parallel", "parallel", "arbitrary")
 
-  # dQ: grid (row, query head, query block, step over its visible key blocks), as the forward pass.
-  kv_block = lambda bi, ni, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
-  kv_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, kv_list, count:
-                         (bi, jax.lax.div(ni, groups), kv_block(bi, ni, qi, s, kv_list, count), 0))
-  stat_spec = pl.BlockSpec((None, None, 1, blk), lambda bi, ni, qi, s, *_: (bi, ni, 0, qi))
-  dq_BNTH = _call(
-      functools.partial(_dq_kernel, **kernel_args), (b, n, nq, nq),
+  # dQ: the forward pass's grid, over each query block's visible key blocks.
+  kv_block = lambda bi, ki, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
+  q_spec = pl.BlockSpec((None, None, groups, blk, h), lambda bi, ki, qi, s, *_: (bi, ki, 0, qi, 0))
+  kv_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (a[0], a[1], kv_block(*a), 0))
+  stat_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda bi, ki, qi, s, *_: (bi, ki, 0, 0, qi))
+  dq_BKGTH = _call(
+      functools.partial(_dq_kernel, **kernel_args), (b, kv, nq, nq),
       [q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec]
-      + _seg_specs(blk, lambda bi, ni, qi, *_: qi, kv_block),
-      q_spec, jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype), [pltpu.VMEM((blk, h), jnp.float32)],
-      ("parallel", "parallel", "parallel", "arbitrary"), interpret,
+      + _seg_specs(blk, lambda bi, ki, qi, *_: qi, kv_block),
+      q_spec, jax.ShapeDtypeStruct(q_BKGTH.shape, q_BKGTH.dtype), [pltpu.VMEM((groups, blk, h), jnp.float32)],
+      semantics, interpret,
   )(lay.kv_list, lay.kv_count, *operands)
 
-  # dK, dV: grid (row, KV head, key block, query head of the group, step over visible query blocks);
-  # the group's query heads accumulate into one KV head's gradient.
-  q_block = lambda bi, ki, kj, g, s, q_list, count: q_list[(bi * nq + kj) * nq + s]
-  q_head = lambda bi, ki, kj, g, s, q_list, count: (bi, ki * groups + g)
-  qt_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (*q_head(*a), q_block(*a), 0))
-  k_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ki, kj, g, s, *_: (bi, ki, kj, 0))
-  stat_t_spec = pl.BlockSpec((None, None, 1, blk), lambda *a: (*q_head(*a), 0, q_block(*a)))
+  # dK, dV: over each key block's visible query blocks (the transposed table).
+  q_block = lambda bi, ki, kj, s, q_list, count: q_list[(bi * nq + kj) * nq + s]
+  qt_spec = pl.BlockSpec((None, None, groups, blk, h), lambda *a: (a[0], a[1], 0, q_block(*a), 0))
+  k_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ki, kj, s, *_: (bi, ki, kj, 0))
+  stat_t_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda *a: (a[0], a[1], 0, 0, q_block(*a)))
   dk_BKTH, dv_BKTH = _call(
-      functools.partial(_dkv_kernel, **kernel_args), (b, kv, nq, groups, nq),
+      functools.partial(_dkv_kernel, **kernel_args), (b, kv, nq, nq),
       [qt_spec, k_spec, k_spec, qt_spec, stat_t_spec, stat_t_spec]
       + _seg_specs(blk, q_block, lambda bi, ki, kj, *_: kj),
       [k_spec, k_spec],
       [jax.ShapeDtypeStruct(k_BKTH.shape, k_BKTH.dtype), jax.ShapeDtypeStruct(v_BKTH.shape, v_BKTH.dtype)],
       [pltpu.VMEM((blk, h), jnp.float32), pltpu.VMEM((blk, h), jnp.float32)],
-      ("parallel", "parallel", "parallel", "arbitrary", "arbitrary"), interpret,
+      semantics, interpret,
   )(lay.q_list, lay.q_count, *operands)
-  return dq_BNTH, dk_BKTH, dv_BKTH
+  return dq_BKGTH, dk_BKTH, dv_BKTH
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attend(q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block: int, interpret: bool):
-  return _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BNTH, k_BKTH, v_BKTH, interpret)[0]
+def _attend(q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block: int, interpret: bool):
+  return _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BKGTH, k_BKTH, v_BKTH, interpret)[0]
 
 
-def _attend_fwd(q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block, interpret):
-  o_BNTH, lse_BN1T = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BNTH, k_BKTH, v_BKTH, interpret)
-  return o_BNTH, (q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BN1T)
+def _attend_fwd(q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block, interpret):
+  o_BKGTH, lse_BKG1T = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BKGTH, k_BKTH, v_BKTH, interpret)
+  return o_BKGTH, (q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BKGTH, lse_BKG1T)
 
 
-def _attend_bwd(block, interpret, residuals, do_BNTH):
-  q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BN1T = residuals
+def _attend_bwd(block, interpret, residuals, do_BKGTH):
+  q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BKGTH, lse_BKG1T = residuals
   lay = _Layout(segment_ids_BT, subtree_end_BT, block)
-  dq, dk, dv = _backward(lay, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BN1T, do_BNTH, interpret)
+  dq, dk, dv = _backward(lay, q_BKGTH, k_BKTH, v_BKTH, o_BKGTH, lse_BKG1T, do_BKGTH, interpret)
   return dq, dk, dv, None, None
 
 
@@ -308,17 +315,20 @@ def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, 
   on TPU; small blocks are fine in interpret mode). `interpret`: None runs Mosaic when lowered for TPU
   and the interpreter elsewhere; True / False force one."""
   b, t, n, h = q_BTNH.shape
+  kv = k_BTKH.shape[2]
   pad = -t % block
   if pad:  # padded positions get segment 0: invisible, and their outputs are sliced off
     widths = ((0, 0), (0, pad), (0, 0), (0, 0))
     q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH))
     segment_ids_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, pad)))
     subtree_end_BT = jnp.pad(subtree_end_BT, ((0, 0), (0, pad)))
-  args = (q_BTNH.transpose(0, 2, 1, 3), k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3),
+  # Kernel layout: heads-major, a KV head's query heads together ([B, K, G, T, H]).
+  q_BKGTH = q_BTNH.reshape(b, t + pad, kv, n // kv, h).transpose(0, 2, 3, 1, 4)
+  args = (q_BKGTH, k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3),
           segment_ids_BT.astype(jnp.int32), subtree_end_BT.astype(jnp.int32))
   if interpret is None:
-    o_BNTH = jax.lax.platform_dependent(*args, tpu=lambda *a: _attend(*a, block, False),
-                                        default=lambda *a: _attend(*a, block, True))
+    o_BKGTH = jax.lax.platform_dependent(*args, tpu=lambda *a: _attend(*a, block, False),
+                                         default=lambda *a: _attend(*a, block, True))
   else:
-    o_BNTH = _attend(*args, block, interpret)
-  return o_BNTH.transpose(0, 2, 1, 3)[:, :t]
+    o_BKGTH = _attend(*args, block, interpret)
+  return o_BKGTH.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, n, h)[:, :t]
