@@ -61,6 +61,8 @@ def paper_rows(args) -> tuple[np.ndarray, np.ndarray, dict]:
     trees += [filter_rollout(rid, cs).tree for rid, cs in by_rollout.items()]
     outcomes += group_outcomes
   batch = pack_trees(trees, grpo_advantages(outcomes), row_len=args.row_len, share_prompts=True)
+  if not batch.segment_ids_RT.shape[0]:
+    raise SystemExit(f"no tree fits a row of {args.row_len} tokens (largest: {max(t.size for t in trees)})")
   real = batch.segment_ids_RT > 0
   info = {"groups": args.groups, "rollouts": len(trees), "rows": int(batch.segment_ids_RT.shape[0]),
           "row_len": args.row_len, "real_tokens": int(real.sum()), "fill": round(float(real.mean()), 3)}

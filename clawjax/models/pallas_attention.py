@@ -24,8 +24,8 @@ interpret mode (`lax.platform_dependent` picks per lowering platform, so a jit c
 topology from a CPU host gets the Mosaic kernel). No GPU (Triton/Mosaic GPU) kernel: a GPU runs the
 interpreter, correct but slow; use "blocked" there.
 
-Scalar-prefetch size: the lists take B * nq * nq int32 of SMEM (nq = padded T / block); at block 512 and
-a 64K-token row that is 64 KiB per row on a device.
+Scalar-prefetch size: each kernel's list takes B * nq^2 int32 of SMEM (nq = padded T / block), per
+device: at a 64K-token row 64 KiB per row at block 512 (the default), 1 MiB at block 256.
 """
 
 from __future__ import annotations
