@@ -77,6 +77,16 @@ def pallas_attention_flops(visible_blocks: int | jax.Array, block: int, head_dim
   return matmuls * 2.0 * float(visible_blocks) * block * block * head_dim * n_heads
 
 
+def pad_to_block(pad: int, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT) -> tuple[jax.Array, ...]:
+  """The kernel arguments with `pad` positions appended to T (both block kernels tile T): padded
+  positions get segment 0, so they are invisible, and their outputs are sliced off."""
+  if not pad:
+    return q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT
+  widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+  return (*(jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH)),
+          *(jnp.pad(x, ((0, 0), (0, pad))) for x in (segment_ids_BT, subtree_end_BT)))
+
+
 def _column(row_1Q: jax.Array) -> jax.Array:
   """(1, Q) f32 -> (Q, 1). Per-query values travel as lane-dense rows: a [.., T, 1] array would be padded
   to 128 lanes in TPU memory (a 64K-token row's logsumexp per head: 32 MiB instead of 256 KiB)."""
@@ -96,23 +106,35 @@ def _mask(q_seg_1Q, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
   return ((q_seg_Q1 == k_seg_1K) & (q_seg_Q1 != 0) & (k_index_1K <= q_index_Q1) & (q_index_Q1 < k_end_1K))
 
 
+def _walk(list_ref, count_ref, seg_refs, *, block: int, nq: int, outer_is_query: bool, init, visible,
+          finish) -> None:
+  """The grid's last axis walks the outer block's (axis 2) list of visible inner blocks: `init()` at the
+  first step, `visible(mask_QK)` at each step within the list, `finish()` at the last step."""
+  step, outer = pl.program_id(3), pl.program_id(2)
+  row = pl.program_id(0) * nq + outer
+  pl.when(step == 0)(init)
+
+  @pl.when(step < count_ref[row])
+  def _visible_block():
+    inner = list_ref[row * nq + step]
+    qi, kj = (outer, inner) if outer_is_query else (inner, outer)
+    q_seg_ref, k_seg_ref, k_end_ref = seg_refs
+    visible(_mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block))
+
+  pl.when(step == pl.num_programs(3) - 1)(finish)
+
+
 def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, k_end_ref,
                     o_ref, lse_ref, m_scr, l_scr, acc_scr, *, block: int, nq: int, scale: float):
   """Grid (row, KV head, query block, step over its visible key blocks); q/o blocks hold the G query
   heads of the KV head, so a key/value block is fetched once for the group."""
-  b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-  row = b * nq + qi
 
-  @pl.when(step == 0)
-  def _init():
+  def init():
     m_scr[...] = jnp.full(m_scr.shape, _NEG, jnp.float32)
     l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
     acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    kj = kv_list_ref[row * nq + step]
-    mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
+  def visible(mask_QK):
     k_KH, v_KH = k_ref[...], v_ref[...]
     for g in range(q_ref.shape[0]):
       s_QK = jax.lax.dot_general(q_ref[g], k_KH, _NT, preferred_element_type=jnp.float32) * scale
@@ -126,14 +148,16 @@ def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_se
       acc_scr[g] = acc_scr[g] * correction_Q1 + pv_QH
       m_scr[g] = m_new_Q1
 
-  @pl.when(step == pl.num_programs(3) - 1)
-  def _finish():
+  def finish():
     for g in range(q_ref.shape[0]):
       l_Q1 = l_scr[g]
       seen_Q1 = l_Q1 > 0
       o_ref[g] = (acc_scr[g] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
       # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
       lse_ref[g] = _row(jnp.where(seen_Q1, m_scr[g] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0))
+
+  _walk(kv_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=True,
+        init=init, visible=visible, finish=finish)
 
 
 def _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_1Q, delta_1Q, mask_QK, scale: float):
@@ -147,43 +171,33 @@ def _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_1Q, delta_1Q, mask_QK, scale
 def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
                k_seg_ref, k_end_ref, dq_ref, dq_scr, *, block: int, nq: int, scale: float):
   """The forward pass's grid and lists; dQ of the group's G query heads."""
-  b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-  row = b * nq + qi
 
-  @pl.when(step == 0)
-  def _init():
+  def init():
     dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
 
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    kj = kv_list_ref[row * nq + step]
-    mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
+  def visible(mask_QK):
     k_KH, v_KH = k_ref[...], v_ref[...]
     for g in range(q_ref.shape[0]):
       _, ds_QK = _probs_and_dscores(q_ref[g], k_KH, v_KH, do_ref[g], lse_ref[g], delta_ref[g], mask_QK, scale)
       dq_scr[g] += jnp.dot(ds_QK.astype(k_KH.dtype), k_KH, preferred_element_type=jnp.float32)
 
-  @pl.when(step == pl.num_programs(3) - 1)
-  def _finish():
+  def finish():
     dq_ref[...] = (dq_scr[...] * scale).astype(dq_ref.dtype)
+
+  _walk(kv_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=True,
+        init=init, visible=visible, finish=finish)
 
 
 def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
                 k_seg_ref, k_end_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, block: int, nq: int, scale: float):
   """Grid (row, KV head, key block, step over the query blocks that see it); the group's G query heads
   accumulate into the KV head's dK and dV."""
-  b, kj, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-  row = b * nq + kj
 
-  @pl.when(step == 0)
-  def _init():
+  def init():
     dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
     dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    qi = q_list_ref[row * nq + step]
-    mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
+  def visible(mask_QK):
     k_KH, v_KH = k_ref[...], v_ref[...]
     for g in range(q_ref.shape[0]):
       q_QH, do_QH = q_ref[g], do_ref[g]
@@ -191,10 +205,12 @@ def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, del
       dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
       dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_QH.dtype), q_QH, _TN, preferred_element_type=jnp.float32)
 
-  @pl.when(step == pl.num_programs(3) - 1)
-  def _finish():
+  def finish():
     dk_ref[...] = (dk_scr[...] * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
+
+  _walk(q_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=False,
+        init=init, visible=visible, finish=finish)
 
 
 class _Layout:
@@ -203,8 +219,7 @@ class _Layout:
 
   def __init__(self, segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int):
     self.block = block
-    self.b, self.t = segment_ids_BT.shape
-    self.nq = self.t // block
+    self.nq = segment_ids_BT.shape[1] // block
     table_Bqk = block_table(segment_ids_BT, subtree_end_BT, block)
     kv_list_Bqk, kv_count_Bq = compact(table_Bqk)
     q_list_Bkq, q_count_Bk = compact(table_Bqk.swapaxes(1, 2))
@@ -317,11 +332,8 @@ def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, 
   b, t, n, h = q_BTNH.shape
   kv = k_BTKH.shape[2]
   pad = -t % block
-  if pad:  # padded positions get segment 0: invisible, and their outputs are sliced off
-    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-    q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH))
-    segment_ids_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, pad)))
-    subtree_end_BT = jnp.pad(subtree_end_BT, ((0, 0), (0, pad)))
+  q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT = pad_to_block(
+      pad, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT)
   # Kernel layout: heads-major, a KV head's query heads together ([B, K, G, T, H]).
   q_BKGTH = q_BTNH.reshape(b, t + pad, kv, n // kv, h).transpose(0, 2, 3, 1, 4)
   args = (q_BKGTH, k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3),
