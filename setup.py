@@ -36,6 +36,9 @@ setuptools.setup(
     ],
     extras_require={
         "tensorboard": ["tensorboardX>=2.6,<3"],  # config.tensorboard: metrics mirrored to WORKDIR/tb
+        # libtpu: the TPU compiler, so the tests compile the Pallas attention kernel for a TPU topology
+        # from a CPU host (compile only; nothing runs on a TPU).
+        "tpu": ["jax[tpu]>=0.10,<0.13"],
         "test": [
             "pytest>=8,<10",
             "pytest-xdist>=3.6,<4",
