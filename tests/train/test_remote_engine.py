@@ -1,7 +1,9 @@
 """Training against an engine server over SGLang's protocol (`python -m clawjax.engine`): every push names
-the RL step as the weight version, each call records the version that sampled it, and a run resumed
-against a freshly started engine (serving model.init again) first hands it the learner's weights, so
-that the first step after the resume samples from pi_old and not from the initial policy."""
+the RL step as the weight version, each call records the version that sampled it, and a run (fresh or
+resumed) first hands the engine the learner's weights under its step, so that the first step samples
+from pi_old and not from what the engine was started with (reported as version "default", as SGLang
+does), and every call carries a version. A run resumed against the engine that outlived its crash
+pushes its checkpoint's step, though the engine holds a later step's weights."""
 from __future__ import annotations
 
 import contextlib
@@ -12,11 +14,13 @@ import sys
 import urllib.request
 
 import pytest
+from aiohttp import web
 
 from clawjax.auth import ADMIN_TOKEN_ENV
 from clawjax.calllog import CallLogWriter, load
 from clawjax.harness import adapters
 from clawjax.models.loading import load_model
+from clawjax.rl.checkpoint import Checkpointer
 from clawjax.run.session import PolicySession, PolicyUpdateError, RolloutJob
 from clawjax.serving.front import ShimProcessPool
 from clawjax.server_process import free_port, running
@@ -24,6 +28,7 @@ from clawjax.tasks import select_tasks
 from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
 from clawjax.train.trainer import train
+from tests.serving.test_backends import EngineServer
 from tests.train.test_e2e import _task_dir
 
 TOKEN = "test-admin-token-for-the-engine"
@@ -38,7 +43,7 @@ def engine_server(port: int):
     yield f"http://127.0.0.1:{port}"
 
 
-def _weight_version(url: str) -> int:
+def _weight_version(url: str) -> int | str:
   return json.loads(urllib.request.urlopen(url + "/get_model_info", timeout=10).read())["weight_version"]
 
 
@@ -71,15 +76,65 @@ def test_a_resumed_run_pushes_its_weights_before_the_first_rollout(tmp_path, mon
   monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
   tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
   with engine_server(free_port()) as url:
+    assert _weight_version(url) == "default"  # SGLang's weight_version before any update: no version
     train(_config(tasks, url, export, steps=1), workdir)
-    assert _versions(workdir, 1) == {0} and _weight_version(url) == 1
-  # The cluster restarted: a new engine serves model.init again, as version 0.
+    assert _versions(workdir, 1) == {0} and _weight_version(url) == 1  # the initial weights, pushed as 0
+  # The cluster restarted: a new engine serves model.init again, under no version.
   with engine_server(free_port()) as url:
-    assert _weight_version(url) == 0
+    assert _weight_version(url) == "default"
     summary = train(_config(tasks, url, export, steps=2), workdir)
     assert summary["steps"] == 2
     assert _versions(workdir, 2) == {1}  # sampled by the step-1 weights the trainer pushed first
     assert _weight_version(url) == 2
+
+
+class Killed(Exception):
+  """The trainer's process dying at a chosen point."""
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_push_and_checkpoint_resumes_against_the_engine_that_outlived_it(tmp_path, monkeypatch):
+  monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+  tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
+  save = Checkpointer.save
+
+  def killed_before_step_2_is_saved(self, state, cursor=None):
+    if cursor["step"] == 2:
+      raise Killed("after the push of step 2, before its checkpoint")
+    return save(self, state, cursor)
+
+  with engine_server(free_port()) as url:
+    cfg = _config(tasks, url, export, steps=2)
+    with monkeypatch.context() as patch:
+      patch.setattr(Checkpointer, "save", killed_before_step_2_is_saved)
+      with pytest.raises(Killed):
+        train(cfg, workdir)
+    assert _weight_version(url) == 2  # the weights of step 2, which no checkpoint holds
+    # The resume goes on from checkpoint 1: it pushes step 1's weights as version 1 (below the engine's
+    # 2), then redoes step 2 on the rollouts the step-1 weights sampled, logged before the crash.
+    assert train(cfg, workdir)["steps"] == 2
+    assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
+    assert _versions(workdir, 2) == {1} and _weight_version(url) == 2
+
+
+def test_an_engine_that_ignores_the_pushed_version_is_refused(tmp_path):
+  """An engine that takes the weights but not SGLang's weight_version (still "default") would answer
+  calls without a version, which batch.max_staleness cannot bound: the push fails, naming it."""
+
+  async def ok(request):
+    return web.json_response({"success": True, "message": ""})
+
+  async def model_info(request):
+    return web.json_response({"model_path": "test-tiny", "weight_version": "default"})
+
+  routes = {("POST", "/update_weights_from_disk"): ok, ("POST", "/flush_cache"): ok,
+            ("GET", "/get_model_info"): model_info}
+  with EngineServer(routes) as engine:
+    cfg = _config(_task_dir(tmp_path), engine.url, str(tmp_path / "export"), steps=1)
+    with PolicySession(cfg, tmp_path / "calls") as session:
+      with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {engine.url} reports no weight version "
+                                                  r"after the push of version 0"):
+        session.push(load_model("test-tiny").model, 0)
 
 
 @pytest.mark.slow
