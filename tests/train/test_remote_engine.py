@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import sys
 import urllib.request
 
@@ -19,6 +20,7 @@ from aiohttp import web
 from clawjax.auth import ADMIN_TOKEN_ENV
 from clawjax.calllog import CallLogWriter, load
 from clawjax.harness import adapters
+from clawjax.models import hf_io
 from clawjax.models.loading import load_model
 from clawjax.rl.checkpoint import Checkpointer
 from clawjax.run.session import PolicySession, PolicyUpdateError, RolloutJob
@@ -155,15 +157,24 @@ def test_shim_worker_processes_serve_the_run_and_the_push_reaches_the_engine(tmp
 
 @pytest.mark.slow
 def test_an_engine_that_refuses_new_weights_ends_the_run_after_the_step_is_checkpointed(tmp_path, monkeypatch):
+  monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
   tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
+  save = hf_io.save
+
+  def step_1_without_weights(model, out, **kwargs):
+    save(model, out, **kwargs)
+    if pathlib.Path(out).name == "version_1":  # an export the engine cannot load: it answers 400
+      for tensors in pathlib.Path(out).glob("*.safetensors"):
+        tensors.unlink()
+
   with engine_server(free_port()) as url:
     cfg = dataclasses.replace(_config(tasks, url, export, steps=2), async_rl=True)
-    monkeypatch.setenv(ADMIN_TOKEN_ENV, "not-the-engine-token")  # a wrong secret: the engine answers 403
-    with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {url} refused weight version 1 \(.*403"):
-      train(cfg, workdir)
-    assert _weight_version(url) == 0
-    # Step 1 was checkpointed: with the right secret the run resumes after it, first pushing its weights.
-    monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+    with monkeypatch.context() as patch:
+      patch.setattr(hf_io, "save", step_1_without_weights)
+      with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {url} refused weight version 1 \(.*400"):
+        train(cfg, workdir)
+    assert _weight_version(url) == 0  # the weights the run started from, pushed before its first rollout
+    # Step 1 was checkpointed: the run resumes after it, first pushing its weights.
     assert train(cfg, workdir)["steps"] == 2
     assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
     assert _versions(workdir, 2) == {1} and _weight_version(url) == 2
