@@ -86,9 +86,12 @@ class PolicySession:
   weights it serves, which every call the engine answers records: a trainer names the RL step of its
   weights, the weights after that many updates (0: the ones it starts from, after any SFT stage), so
   that `batch.max_staleness` measures a call's age in updates. A version names one step's weights of
-  the run: a resumed run redoes the steps after its checkpoint from the same logged data, so it
-  re-pushes the checkpoint's weights under the checkpoint's step, also to an engine that holds a later
-  step's (weights the crash lost before they were checkpointed); the engine takes the lower version."""
+  the run, also across a resume: the resumed run pushes its checkpoint's weights under the checkpoint's
+  step, also to an engine that holds a later step's (pushed before a crash that came before their
+  checkpoint), which takes the lower version; then it redoes the lost steps. A synchronous run redoes
+  them on the rollouts it logged, so the redone weights are the lost ones again (as far as the learner
+  is deterministic): a logged call's version still names the weights that sampled it. An asynchronous
+  run runs its groups afresh, and calls that the lost weights sampled are never trained."""
 
   def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None, version: int = 0,
                backend: Backend | None = None, shim_url: str | None = None,
