@@ -8,9 +8,14 @@ server on a GPU is a drop-in replacement):
           completion_tokens, cached_tokens, output_token_logprobs: [[logprob, id, null], ...],
           weight_version}} (a list of those for a batch of inputs)
   GET  /health, /health_generate -> 200
-  POST /update_weights_from_disk {model_path} -> {success, message, weight_version}
+  POST /update_weights_from_disk {model_path, weight_version} -> {success, message, weight_version}
   POST /flush_cache -> 200
   GET  /get_model_info -> {model_path, tokenizer_path, is_generation, weight_version}
+`weight_version` is as in SGLang: "default" until an update names one (SGLang's default before any
+update); an update without one keeps the version of the weights it replaces. An update may name any
+whole number, also one below the current (SGLang takes any string): a trainer resumed from a checkpoint
+names the checkpoint's step although the server may hold the weights of a later step that the crash lost.
+A named version is reported as a number (SGLang reports the string; the shim's backend reads both).
 The control routes (/update_weights_from_disk, /flush_cache) need the admin token, sent as SGLang's
 `--admin-api-key` is: `Authorization: Bearer TOKEN` (401 without one, 403 with another; clawjax/auth.py).
 As in SGLang, generation stops at the model's EOS token unless `ignore_eos` is true. `text` is decoded
@@ -86,16 +91,22 @@ def _event(obj: Any) -> bytes:
 
 
 class EngineServer:
-  """The aiohttp application; `reload(model_path, version)` loads new weights into the engine as policy
-  `version` (None: the next one), returning the version.
-  `admin_token` opens the control routes (a fresh random one when not given)."""
+  """The aiohttp application; `reload(model_path, version)` loads new weights into the engine as its
+  policy `version` (Engine.update_from_model).
+  `admin_token` opens the control routes (a fresh random one when not given).
 
-  def __init__(self, engine: Engine, model_path: str, reload: Callable[[str, int | None], int],
+  The engine counts its own versions, one more with every update, so that a request's result tells
+  which update's weights sampled it even when two updates are reported under one weight_version (an
+  unnamed update, a trainer naming its step again) or a later update names a lower one. `_reported`
+  maps the engine's count to the weight_version the server reports (None: "default")."""
+
+  def __init__(self, engine: Engine, model_path: str, reload: Callable[[str, int], object],
                eos_token_id: int | None = None, decode: Callable[[list[int]], str] | None = None,
                admin_token: str | None = None):
     self.engine, self.model_path, self.reload = engine, model_path, reload
     self.eos_token_id, self.decode = eos_token_id, decode
     self.admin_token = admin_token or new_token()
+    self._reported: dict[int, int | None] = {engine.version: None}
     self._ids = itertools.count()
     self._reload_lock = asyncio.Lock()
     self.app = web.Application(client_max_size=1 << 30, middlewares=[self._errors])
@@ -181,7 +192,7 @@ class EngineServer:
         "id": request_id or f"clawjax-{next(self._ids)}",
         "finish_reason": _finish_reason(r, sampling.max_new_tokens),
         "prompt_tokens": r.prompt_tokens, "completion_tokens": len(r.output_ids),
-        "cached_tokens": r.cached_tokens, "weight_version": r.policy_version}
+        "cached_tokens": r.cached_tokens, "weight_version": self._weight_version(r.policy_version)}
     if logprobs:
       meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids)]
     text = self.decode(list(r.output_ids)) if self.decode else ""
@@ -204,17 +215,28 @@ class EngineServer:
     # SGLang's field: a string; the trainer sends its step. Only a whole number is a version here.
     wanted = body.get("weight_version")
     if wanted is not None and not (isinstance(wanted, str) and wanted.isdecimal()
-                                   or isinstance(wanted, int) and not isinstance(wanted, bool)):
+                                   or isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0):
       raise BadRequest(f"weight_version: {wanted!r} is not a whole number")
     async with self._reload_lock:
+      # Known before the engine takes the weights: requests it admits on them may finish before the
+      # reload returns here.
+      count = self.engine.version + 1
+      self._reported[count] = self._reported[self.engine.version] if wanted is None else int(wanted)
       try:
-        version = await asyncio.to_thread(self.reload, path, None if wanted is None else int(wanted))
+        await asyncio.to_thread(self.reload, path, count)
       except (OSError, ValueError, KeyError, EngineError) as e:
+        del self._reported[count]
         return web.json_response({"success": False, "message": f"{path}: {e}",
-                                  "weight_version": self.engine.version}, status=400)
+                                  "weight_version": self._weight_version(self.engine.version)}, status=400)
       self.model_path = path
-    return web.json_response({"success": True, "message": f"loaded {path}", "weight_version": version})
+    return web.json_response({"success": True, "message": f"loaded {path}",
+                              "weight_version": self._weight_version(count)})
 
   async def get_model_info(self, request: web.Request) -> web.Response:
     return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
-                              "is_generation": True, "weight_version": self.engine.version})
+                              "is_generation": True, "weight_version": self._weight_version(self.engine.version)})
+
+  def _weight_version(self, count: int) -> int | str:
+    """What the server reports for the weights of the engine's update `count`."""
+    reported = self._reported[count]
+    return "default" if reported is None else reported

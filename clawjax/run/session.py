@@ -4,7 +4,7 @@ benchmark evaluation all run their rollouts through one `PolicySession`.
 
   with PolicySession(cfg, log_dir=WORKDIR / "calls", policy=model) as session:
     outcomes = session.run(jobs, writer, label="s3")
-    session.push(new_model, step=3)
+    session.push(new_model, 3)
 
 `cfg` is any run config with the sections `model`, `engine`, `shim`, `rollout` and the fields
 `concurrency`, `progress` (TrainConfig, EvalConfig). The engine is, by `cfg.engine.backend`:
@@ -83,8 +83,15 @@ class PolicyUpdateError(RuntimeError):
 
 class PolicySession:
   """The policy behind the shim for one run (a context manager). `version` is the policy version of the
-  weights it serves: a trainer names its RL step (0: the weights it started from) and every call the
-  engine answers records the version that sampled it."""
+  weights it serves, which every call the engine answers records: a trainer names the RL step of its
+  weights, the weights after that many updates (0: the ones it starts from, after any SFT stage), so
+  that `batch.max_staleness` measures a call's age in updates. A version names one step's weights of
+  the run, also across a resume: the resumed run pushes its checkpoint's weights under the checkpoint's
+  step, also to an engine that holds a later step's (pushed before a crash that came before their
+  checkpoint), which takes the lower version; then it redoes the lost steps. A synchronous run redoes
+  them on the rollouts it logged, so the redone weights are the lost ones again (as far as the learner
+  is deterministic): a logged call's version still names the weights that sampled it. An asynchronous
+  run runs its groups afresh, and calls that the lost weights sampled are never trained."""
 
   def __init__(self, cfg: SessionConfig, log_dir: str | pathlib.Path, *, policy=None, version: int = 0,
                backend: Backend | None = None, shim_url: str | None = None,
@@ -206,8 +213,10 @@ class PolicySession:
     return [outcome for _, outcome in done]
 
   def push(self, model, version: int) -> int:
-    """New weights to the engine, as policy `version`; returns it. Raises PolicyUpdateError, naming the
-    engine and the version, when the engine refuses them or reports another version."""
+    """New weights to the engine, as policy `version` (a remote engine takes any: also the one it
+    holds, or a lower one); returns it. Raises PolicyUpdateError, naming the engine and the version, when the engine
+    refuses them or its /get_model_info then reports another version or none (an engine that does not
+    honour SGLang's weight_version)."""
     if self.engine is not None:
       got = self.engine.update_from_model(model, version)
       if got != version:
@@ -250,9 +259,9 @@ class PolicySession:
       raise PolicyUpdateError(f"{where} refused weight version {version} ({path}): {e}") from e
     except Exception as e:  # pylint: disable=broad-except  (any refusal ends the run, named)
       raise PolicyUpdateError(f"{where} refused weight version {version} ({path}): {type(e).__name__}: {e}") from e
-    if got is None:
-      log.warning("%s reports no weight version: calls cannot be checked for staleness, and this push of "
-                  "version %d cannot be confirmed", where, version)
-    elif got != version:
-      raise PolicyUpdateError(f"{where} reports weight version {got} after the push of version {version}")
+    if got != version:
+      # None: the engine ignored the version (SGLang reports "default" before it honours one); its calls
+      # would carry no version, and batch.max_staleness could not bound them.
+      reported = "no weight version" if got is None else f"weight version {got}"
+      raise PolicyUpdateError(f"{where} reports {reported} after the push of version {version} ({path})")
     return True

@@ -1,5 +1,5 @@
 """What every RL step does with its data, synchronous or not, in one process or many: the learner update,
-the guards, the checkpoint with the data cursor, the weight push, the metrics and the periodic
+the guards, the weight push, the checkpoint with the data cursor, the metrics and the periodic
 evaluation.
 
 In a multi-process run every process calls `StepTrainer.train` once per step with the data of its own
@@ -112,6 +112,9 @@ class StepTrainer:
     m.update(_merge_extra([p["extra"] for p in parts]))
     m.update({"learner_s": learner_s, "num_processes": float(len(parts))})
     t2 = time.time()
+    # The push comes before the checkpoint, so that rollouts in flight sample the new weights as soon as
+    # they exist. A crash between the two loses this step, which a resume redoes from its logged data,
+    # first pushing the checkpoint's lower version to the engine that holds this one (PolicySession).
     try:
       self.session.push(trainer.engine_policy(learner), step)
     except PolicyUpdateError:

@@ -6,7 +6,7 @@ Per step k: sample tasks (a fixed function of (seed, k), so a resumed run sees t
 -> for each (task, harness) group `rollouts_per_task` rollouts through the shim, `concurrency` at a
 time (clawjax.run.session) -> settle, score (clawjax.harness.rollout) -> filter and build trees, GRPO
 advantages per (task, harness) group (step_data.py) -> learner updates over tree-packed batches with TIS
-(pi_old recomputed inside the step) -> Orbax checkpoint -> push the weights to the engine -> metrics ->
+(pi_old recomputed inside the step) -> push the weights to the engine -> Orbax checkpoint -> metrics ->
 periodic held-out evaluation (steps.py). With `async_rl` the next steps' rollouts run while the learner
 works (async_loop.py).
 
@@ -18,9 +18,11 @@ resumes from the last checkpoint (the config must match config.json, see config.
 rollouts all finished before a crash is replayed from its logs.
 
 Weight push: embedded engine in place (`Engine.update_from_model`); sglang: safetensors export + the
-backend's `update_weights_from_disk` + `flush_cache`, on every replica. The policy version is the RL
-step: every call records the version that sampled it, and `batch.max_staleness` bounds how old a
-trained call may be.
+backend's `update_weights_from_disk` + `flush_cache`, on every replica, the first before any rollout
+(the weights the run starts or resumes from). The policy version is the RL step: every call records the
+version that sampled it, and `batch.max_staleness` bounds how old a trained call may be. A resumed run
+pushes its checkpoint's step, which the engine takes even when it holds a later step's weights (pushed
+before a crash that came before their checkpoint, clawjax.run.session.PolicySession).
 
 Several processes (cfg.distributed, one per host, the same command on each): each runs its own shim and
 harnesses for its own groups (layout.py), the learner's step is one global step over every process's
@@ -232,9 +234,11 @@ class Trainer:
     self.metrics.truncate("eval", start + 1)
     with PolicySession(cfg, self.layout.calls_dir, policy=self.engine_policy(learner), version=start,
                        seed=cfg.seed, workdir=self.workdir, process_index=self.layout.process_index) as session:
-      if session.engine is None and (resume is not None or cfg.sft.steps):
-        # A remote engine serves model.init (or what it last loaded): give it the learner's weights, so
-        # that the first step samples from pi_old and not from another policy.
+      if session.engine is None:
+        # A remote engine serves what it was started with or last loaded (model.init, a crashed run's
+        # later step), under no version ("default") or another run's: before the first rollout it gets
+        # the learner's weights as version `start`, so that the first step samples pi_old and every
+        # call carries a version that batch.max_staleness can bound.
         session.push(self.engine_policy(learner), start)
       steps = StepTrainer(self, session, learner, cursor)
       if cfg.async_rl:

@@ -69,7 +69,8 @@ def test_plain_http_round_trip(model, tmp_path):
     meta = out["meta_info"]
     assert out["output_ids"] == [t for _, t, _ in meta["output_token_logprobs"]]
     assert meta["finish_reason"] == {"type": "length", "length": 12}
-    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (30, 12, 0)
+    # Before an update names a version the server reports SGLang's "default" (no version).
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (30, 12, "default")
     np.testing.assert_allclose([lp for lp, _, _ in meta["output_token_logprobs"]],
                                learner_logprobs(model, ids, out["output_ids"], 0.8), atol=1e-4)
     # Streamed: every event carries the request's one id, and ids are drawn one per request.
@@ -91,22 +92,30 @@ def test_plain_http_round_trip(model, tmp_path):
       assert (await call(path, b, None))[0] == 401 and (await call(path, b, "sk-guess"))[0] == 403
     assert (await call("/flush_cache"))[0] == 200
     info = (await call("/get_model_info"))[1]
-    assert info["is_generation"] and info["weight_version"] == 0
+    assert info["is_generation"] and info["weight_version"] == "default"
+    # An update without a version keeps the one of the weights it replaces, as SGLang does.
     status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
-    assert status == 200 and up["success"] and up["weight_version"] == 1
+    assert status == 200 and up["success"] and up["weight_version"] == "default"
     status, out1 = await call("/generate", body)
-    assert out1["meta_info"]["weight_version"] == 1 and out1["output_ids"] != out["output_ids"]
+    assert out1["meta_info"]["weight_version"] == "default" and out1["output_ids"] != out["output_ids"]
     np.testing.assert_allclose([lp for lp, _, _ in out1["meta_info"]["output_token_logprobs"]],
                                learner_logprobs(other, ids, out1["output_ids"], 0.8), atol=1e-4)
     status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "missing")})
-    assert status == 400 and not bad["success"] and bad["weight_version"] == 1
+    assert status == 400 and not bad["success"] and bad["weight_version"] == "default"
     # A trainer names the version (SGLang's string field): it is what every answer reports next.
     status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": "7"})
     assert status == 200 and up["weight_version"] == 7 and (await call("/get_model_info"))[1]["weight_version"] == 7
     assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == 7
-    for version in ("6", "seven"):  # a version never goes back; a non-number is refused
+    for version in ("seven", -1):  # not a whole number: refused
       status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": version})
       assert status == 400 and (await call("/get_model_info"))[1]["weight_version"] == 7
+    # The same version again (a resumed trainer's first push), or a lower one (a trainer resumed from a
+    # checkpoint older than the weights the server holds): taken, as SGLang takes any version.
+    for version in ("7", 6):
+      status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": version})
+      assert status == 200 and up["weight_version"] == int(version)
+      assert (await call("/get_model_info"))[1]["weight_version"] == int(version)
+      assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == int(version)
     status, err = await call("/generate", {"input_ids": ids, "sampling_params": {"temperature": "hot"}})
     assert status == 400 and "sampling_params.temperature" in err["error"]["message"]
     status, err = await call("/generate", {"text": "hello"})
@@ -149,7 +158,7 @@ def test_shim_sglang_backend_client_round_trip(model):
       gen = await backend.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
       direct = await engine.generate(ids, SamplingParams(max_new_tokens=6, temperature=1.0, seed=9,
                                                    stop_token_ids=(EOS,)))
-      assert gen.output_ids == direct.output_ids and gen.policy_version == 0
+      assert gen.output_ids == direct.output_ids and gen.policy_version is None  # "default": no version
       np.testing.assert_allclose(gen.output_logprobs, direct.output_logprobs, atol=1e-6)
       # Streamed (the shim's --incremental-stream): an event per token, then the finish; the prompt was
       # seen before, so the engine reports its prefix as cached.
@@ -199,7 +208,7 @@ def test_command_line_server_serves_test_tiny(tmp_path):
       time.sleep(1)
     status, out = http(url + "/generate", {"input_ids": [1, 2, 3], "return_logprob": True,
                                            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
-    assert status == 200 and len(out["output_ids"]) == 4 and out["meta_info"]["weight_version"] == 0
+    assert status == 200 and len(out["output_ids"]) == 4 and out["meta_info"]["weight_version"] == "default"
     assert http(url + "/get_model_info")[1]["model_path"] == "test-tiny"
     # No $CLAWJAX_ADMIN_TOKEN: a generated token, readable by its owner only, opens the control routes.
     assert token_file.stat().st_mode & 0o777 == 0o600

@@ -1,22 +1,28 @@
 """Training against an engine server over SGLang's protocol (`python -m clawjax.engine`): every push names
-the RL step as the weight version, each call records the version that sampled it, and a run resumed
-against a freshly started engine (serving model.init again) first hands it the learner's weights, so
-that the first step after the resume samples from pi_old and not from the initial policy."""
+the RL step as the weight version, each call records the version that sampled it, and a run (fresh or
+resumed) first hands the engine the learner's weights under its step, so that the first step samples
+from pi_old and not from what the engine was started with (reported as version "default", as SGLang
+does), and every call carries a version. A run resumed against the engine that outlived its crash
+pushes its checkpoint's step, though the engine holds a later step's weights."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import sys
 import urllib.request
 
 import pytest
+from aiohttp import web
 
 from clawjax.auth import ADMIN_TOKEN_ENV
 from clawjax.calllog import CallLogWriter, load
 from clawjax.harness import adapters
+from clawjax.models import hf_io
 from clawjax.models.loading import load_model
+from clawjax.rl.checkpoint import Checkpointer
 from clawjax.run.session import PolicySession, PolicyUpdateError, RolloutJob
 from clawjax.serving.front import ShimProcessPool
 from clawjax.server_process import free_port, running
@@ -24,6 +30,7 @@ from clawjax.tasks import select_tasks
 from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
 from clawjax.train.trainer import train
+from tests.serving.test_backends import EngineServer
 from tests.train.test_e2e import _task_dir
 
 TOKEN = "test-admin-token-for-the-engine"
@@ -38,7 +45,7 @@ def engine_server(port: int):
     yield f"http://127.0.0.1:{port}"
 
 
-def _weight_version(url: str) -> int:
+def _weight_version(url: str) -> int | str:
   return json.loads(urllib.request.urlopen(url + "/get_model_info", timeout=10).read())["weight_version"]
 
 
@@ -71,15 +78,65 @@ def test_a_resumed_run_pushes_its_weights_before_the_first_rollout(tmp_path, mon
   monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
   tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
   with engine_server(free_port()) as url:
+    assert _weight_version(url) == "default"  # SGLang's weight_version before any update: no version
     train(_config(tasks, url, export, steps=1), workdir)
-    assert _versions(workdir, 1) == {0} and _weight_version(url) == 1
-  # The cluster restarted: a new engine serves model.init again, as version 0.
+    assert _versions(workdir, 1) == {0} and _weight_version(url) == 1  # the initial weights, pushed as 0
+  # The cluster restarted: a new engine serves model.init again, under no version.
   with engine_server(free_port()) as url:
-    assert _weight_version(url) == 0
+    assert _weight_version(url) == "default"
     summary = train(_config(tasks, url, export, steps=2), workdir)
     assert summary["steps"] == 2
     assert _versions(workdir, 2) == {1}  # sampled by the step-1 weights the trainer pushed first
     assert _weight_version(url) == 2
+
+
+class Killed(Exception):
+  """The trainer's process dying at a chosen point."""
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_push_and_checkpoint_resumes_against_the_engine_that_outlived_it(tmp_path, monkeypatch):
+  monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+  tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
+  save = Checkpointer.save
+
+  def killed_before_step_2_is_saved(self, state, cursor=None):
+    if cursor["step"] == 2:
+      raise Killed("after the push of step 2, before its checkpoint")
+    return save(self, state, cursor)
+
+  with engine_server(free_port()) as url:
+    cfg = _config(tasks, url, export, steps=2)
+    with monkeypatch.context() as patch:
+      patch.setattr(Checkpointer, "save", killed_before_step_2_is_saved)
+      with pytest.raises(Killed):
+        train(cfg, workdir)
+    assert _weight_version(url) == 2  # the weights of step 2, which no checkpoint holds
+    # The resume goes on from checkpoint 1: it pushes step 1's weights as version 1 (below the engine's
+    # 2), then redoes step 2 on the rollouts the step-1 weights sampled, logged before the crash.
+    assert train(cfg, workdir)["steps"] == 2
+    assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
+    assert _versions(workdir, 2) == {1} and _weight_version(url) == 2
+
+
+def test_an_engine_that_ignores_the_pushed_version_is_refused(tmp_path):
+  """An engine that takes the weights but not SGLang's weight_version (still "default") would answer
+  calls without a version, which batch.max_staleness cannot bound: the push fails, naming it."""
+
+  async def ok(request):
+    return web.json_response({"success": True, "message": ""})
+
+  async def model_info(request):
+    return web.json_response({"model_path": "test-tiny", "weight_version": "default"})
+
+  routes = {("POST", "/update_weights_from_disk"): ok, ("POST", "/flush_cache"): ok,
+            ("GET", "/get_model_info"): model_info}
+  with EngineServer(routes) as engine:
+    cfg = _config(_task_dir(tmp_path), engine.url, str(tmp_path / "export"), steps=1)
+    with PolicySession(cfg, tmp_path / "calls") as session:
+      with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {engine.url} reports no weight version "
+                                                  r"after the push of version 0"):
+        session.push(load_model("test-tiny").model, 0)
 
 
 @pytest.mark.slow
@@ -100,15 +157,24 @@ def test_shim_worker_processes_serve_the_run_and_the_push_reaches_the_engine(tmp
 
 @pytest.mark.slow
 def test_an_engine_that_refuses_new_weights_ends_the_run_after_the_step_is_checkpointed(tmp_path, monkeypatch):
+  monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
   tasks, workdir, export = _task_dir(tmp_path), tmp_path / "run", str(tmp_path / "export")
+  save = hf_io.save
+
+  def step_1_without_weights(model, out, **kwargs):
+    save(model, out, **kwargs)
+    if pathlib.Path(out).name == "version_1":  # an export the engine cannot load: it answers 400
+      for tensors in pathlib.Path(out).glob("*.safetensors"):
+        tensors.unlink()
+
   with engine_server(free_port()) as url:
     cfg = dataclasses.replace(_config(tasks, url, export, steps=2), async_rl=True)
-    monkeypatch.setenv(ADMIN_TOKEN_ENV, "not-the-engine-token")  # a wrong secret: the engine answers 403
-    with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {url} refused weight version 1 \(.*403"):
-      train(cfg, workdir)
-    assert _weight_version(url) == 0
-    # Step 1 was checkpointed: with the right secret the run resumes after it, first pushing its weights.
-    monkeypatch.setenv(ADMIN_TOKEN_ENV, TOKEN)
+    with monkeypatch.context() as patch:
+      patch.setattr(hf_io, "save", step_1_without_weights)
+      with pytest.raises(PolicyUpdateError, match=rf"^engine sglang at {url} refused weight version 1 \(.*400"):
+        train(cfg, workdir)
+    assert _weight_version(url) == 0  # the weights the run started from, pushed before its first rollout
+    # Step 1 was checkpointed: the run resumes after it, first pushing its weights.
     assert train(cfg, workdir)["steps"] == 2
     assert [r["step"] for r in read_metrics(workdir, "rl")] == [1, 2]
     assert _versions(workdir, 2) == {1} and _weight_version(url) == 2
