@@ -5,7 +5,7 @@
 Per step k: sample tasks (a fixed function of (seed, k), so a resumed run sees the same data order)
 -> for each (task, harness) group `rollouts_per_task` rollouts through the shim, `concurrency` at a
 time (clawjax.run.session) -> settle, score (clawjax.harness.rollout) -> filter and build trees, GRPO
-advantages per (task, harness) group (step_data.py) -> learner updates over tree-packed batches with TIS
+advantages per group, one draw of a (task, harness) pair (step_data.py) -> learner updates over tree-packed batches with TIS
 (pi_old recomputed inside the step) -> Orbax checkpoint -> push the weights to the engine -> metrics ->
 periodic held-out evaluation (steps.py). With `async_rl` the next steps' rollouts run while the learner
 works (async_loop.py).
