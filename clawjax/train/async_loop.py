@@ -54,7 +54,8 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
       runner.launch(group, steps.session.version)
     for step in range(start + 1, cfg.steps + 1):
       version = steps.session.version
-      # Admission: the groups of the steps up to max_staleness ahead of the one being trained.
+      # Admission: the groups of the steps up to max_staleness ahead of the one being trained, that is
+      # taken + in flight <= (max_staleness + version + 1) x G.
       while next_step <= version + 1 + cfg.batch.max_staleness:
         for group in trainer.own_groups(next_step):
           runner.launch(group, version)
@@ -63,15 +64,15 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
       t0 = time.time()
       taken, split, data = _step_groups(trainer, runner, step, version)
       wait_s = time.time() - t0
-      trained = {c.group.index for c in taken}
-      pending = [g for g in pending if g.index not in trained]
+      taken_ids = {c.group.index for c in taken}
+      pending = [g for g in pending if g.index not in taken_ids]
       _write_groups(trainer, step, split)
       extra = {"rollouts": float(len(taken) * cfg.rollouts_per_task), "rollout_s": wait_s,
                "groups/taken": float(len(taken)), "groups/dropped_stale": float(len(split.stale)),
                "calls_without_version": float(split.unversioned_calls),
                "groups/in_flight": float(len(runner.in_flight)),
                # Older groups still running while younger ones train: stragglers that moved on.
-               "groups/deferred": float(sum(g.index < max(trained, default=-1) for g in runner.in_flight))}
+               "groups/deferred": float(sum(g.index < max(taken_ids, default=-1) for g in runner.in_flight))}
       if taken:
         extra["group_wall_s"] = float(np.median([c.wall_s for c in taken]))
       # Every process's pending groups, so that a resume of any process finds its own.
@@ -80,6 +81,14 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
       steps.train(step, data, extra, data_path=layout.groups_dir)
   finally:
     runner.close()
+
+
+@dataclasses.dataclass
+class Freshness:
+  """The taken groups split by the staleness bound."""
+  fresh: list[CompletedGroup]
+  stale: list[CompletedGroup]
+  unversioned_calls: int  # sampled calls without a policy version (they make their group stale)
 
 
 def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: int
@@ -113,14 +122,6 @@ def _write_groups(trainer: GroupedRun, step: int, split: Freshness) -> None:
   record.parent.mkdir(parents=True, exist_ok=True)
   record.write_text(json.dumps({"trained": [c.group.key for c in split.fresh],
                                 "dropped_stale": [c.group.key for c in split.stale]}) + "\n")
-
-
-@dataclasses.dataclass
-class Freshness:
-  """The taken groups split by the staleness bound."""
-  fresh: list[CompletedGroup]
-  stale: list[CompletedGroup]
-  unversioned_calls: int  # sampled calls without a policy version (they make their group stale)
 
 
 def _fresh_groups(trainer: GroupedRun, taken: list[CompletedGroup], version: int) -> Freshness:

@@ -72,8 +72,7 @@ class GroupRunner:
     self._pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="clawjax-group")
     self._cv = threading.Condition()
     self._done: list[CompletedGroup] = []
-    self._running: dict[int, Group] = {}
-    self._launch_version: dict[int, int] = {}  # of the running groups
+    self._running: dict[int, tuple[Group, int]] = {}  # index -> (group, the version it was launched at)
 
   def launch(self, group: Group, version: int) -> None:
     """Starts the group's rollouts; `version` is the policy version now (what `take`'s `due` compares)."""
@@ -93,13 +92,12 @@ class GroupRunner:
           remaining[0] -= 1
           if remaining[0] == 0:
             writer.close()
-            del self._running[group.index], self._launch_version[group.index]
+            del self._running[group.index]
             self._done.append(CompletedGroup(group, path, time.time() - started, version))
             self._cv.notify_all()
 
     with self._cv:
-      self._running[group.index] = group
-      self._launch_version[group.index] = version
+      self._running[group.index] = group, version
     for job in group.jobs(self.rollouts):
       self._pool.submit(one, job)
 
@@ -112,7 +110,7 @@ class GroupRunner:
     with self._cv:
       if n > len(self._done) + len(self._running):
         raise ValueError(f"take({n}): only {len(self._done) + len(self._running)} groups launched")
-      self._cv.wait_for(lambda: len(self._done) >= n and all(v > due for v in self._launch_version.values()))
+      self._cv.wait_for(lambda: len(self._done) >= n and all(v > due for _, v in self._running.values()))
       ready = sorted(self._done, key=lambda c: (c.launch_version > due, c.group.index))
       taken = sorted(ready[:n], key=lambda c: c.group.index)
       self._done = ready[n:]
@@ -121,7 +119,7 @@ class GroupRunner:
   @property
   def in_flight(self) -> list[Group]:
     with self._cv:
-      return sorted(self._running.values(), key=lambda g: g.index)
+      return sorted((g for g, _ in self._running.values()), key=lambda g: g.index)
 
   @property
   def waiting(self) -> list[Group]:

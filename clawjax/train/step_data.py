@@ -1,9 +1,10 @@
 """One RL step's data: call log + rollout records -> filtered trees -> advantages -> packed batches.
 
 Scored rollouts (status "ok", a finite reward within `reward_range`) form the GRPO groups, one per draw
-of a (task, harness) pair (clawjax.rl.advantages): each group's mean and std are taken over all of its scored rollouts, as the paper defines A_i over the n rollouts of
-a task, also over those that are then not trained (dropping them first would change their siblings'
-advantages: a group [1, 1, 0, 0] whose failures are too long would train its successes at A = 0).
+of a (task, harness) pair (clawjax.rl.advantages): each group's mean and std are taken over all of its
+scored rollouts, as the paper defines A_i over the n rollouts of a task, also over those that are then
+not trained (dropping them first would change their siblings' advantages: a group [1, 1, 0, 0] whose
+failures are too long would train its successes at A = 0).
 
 Which rollouts are trained (each exclusion is counted under its reason in `StepData.counts`):
   unreadable  a record of the rollout could not be read (clawjax.calllog.load names the file and line):
@@ -176,8 +177,9 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   }
   groups = {rid: group_key(r) for rid, r in loaded.rollouts.items()}
   rewards = {r.rollout_id: r.reward for r in scored}
+  # (A kept rollout's calls all have a version: an unversioned call made its rollout stale.)
   staleness = collections.Counter(policy_version - c.policy_version for rid in kept_ids
-                                  for c in loaded.calls.get(rid, []) if c.status == "ok" and c.policy_version is not None)
+                                  for c in loaded.calls.get(rid, []) if c.status == "ok")
   return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())),
                   failure_reasons(loaded))
 
@@ -223,7 +225,7 @@ def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
   if rewards:
     add("reward/", list(rewards.values()))
   by_harness: dict[str, list[float]] = collections.defaultdict(list)
-  by_draw: dict[tuple, list[float]] = collections.defaultdict(list)
+  by_draw: dict[tuple[str, str, int | None], list[float]] = collections.defaultdict(list)
   for rid, r in rewards.items():
     by_harness[groups[rid][1]].append(r)
     by_draw[groups[rid]].append(r)

@@ -179,8 +179,9 @@ def task(task_id: str) -> Task:
 
 
 def config(steps: int, tasks_per_step: int, rollouts: int, max_staleness: int, **kw) -> TrainConfig:
-  return TrainConfig(tasks=str(pathlib.Path(__file__).parent), steps=steps, tasks_per_step=tasks_per_step, rollouts_per_task=rollouts, harnesses=("mini",),
-                     concurrency=1024, async_rl=True, seed=kw.pop("seed", 0),
+  """A run of `steps` steps (its tasks come from `task`; `tasks` only has to exist)."""
+  return TrainConfig(tasks=str(pathlib.Path(__file__).parent), steps=steps, tasks_per_step=tasks_per_step,
+                     rollouts_per_task=rollouts, harnesses=("mini",), concurrency=1024, async_rl=True,
                      batch=BatchConfig(row_len=256, rows=64, max_staleness=max_staleness), **kw)
 
 
