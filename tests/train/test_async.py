@@ -17,6 +17,7 @@ import zlib
 import numpy as np
 import pytest
 
+from clawjax.calllog import RolloutRecord, iter_records
 from clawjax.harness import adapters
 from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
@@ -82,6 +83,10 @@ def test_async_steps_move_past_a_straggler_and_resume_without_training_a_group_t
   # Step 1's sample is the slow task (seed 1); it trains the first group to complete instead.
   first = _trained(run)[0]
   assert first != ["g0"] and rows[0]["groups/deferred"] >= 1
+  # Every rollout record names its group's draw, which its GRPO group is keyed by.
+  for path in (run / "groups").glob("g*.jsonl"):
+    records = [r for r in iter_records(path) if isinstance(r, RolloutRecord)]
+    assert records and {r.extra["group"] for r in records} == {int(path.stem[1:])}
   # A crash after step 2: the run resumes, runs the groups that were in flight again, and trains each
   # group once.
   resumed = tmp_path / "resumed"
@@ -118,6 +123,14 @@ def test_slow_tasks_are_trained_as_often_as_they_are_sampled(tmp_path):
   assert dropped / len(sampled) < 0.02
   # Every trained call within the bound: at most one version behind the policy it trains.
   assert {int(k) for t in run.steps.trained for k in t.data.staleness} <= {0, 1}
+
+
+def test_a_groups_jobs_name_its_draw():
+  """Both loops run a group's jobs (GroupRunner, Trainer.step_jobs): each carries the group's index, which
+  the policy session writes into its record."""
+  tasks = [sim.task(f"t{i}") for i in range(3)]
+  for group in sim.SimTrainer(sim.config(2, 2, 2, 1), pathlib.Path("unused"), tasks).step_groups(2):
+    assert [job.group for job in group.jobs(3)] == [group.index] * 3
 
 
 def test_an_empty_step_is_run_again_under_its_number(tmp_path):
