@@ -18,10 +18,12 @@ i.e. `rollout.cores`: the shim's processes, the threads that drive rollouts, the
 on the engine's cores (default), as on a cluster where rollouts run on other hosts than the learner; or on
 the trainer's, where an async run's next rollouts take CPU from the learner's step.
 
-Prints one JSON object: {"sync": {"step_s", "rollout_s", "learner_s", "reward_gain"}, "async": {...,
-"staleness_hist", "tis_truncated"}, "straggler": {"sync_growth", "async_growth"}} — seconds are medians
-per step over steps 2.. (step 1 compiles); `reward_gain` is the mean reward of the last 5 steps minus
-the first 5; `*_growth` is the relative increase of the median step time with the straggler.
+Prints one JSON object: {"sync": {"step_s", "rollout_s", "learner_s", "reward_gain",
+"dropped_stale_groups"}, "async": {..., "staleness_hist", "tis_truncated"}, "straggler": {"sync_growth",
+"async_growth"}} — seconds are medians per step over steps 2.. (step 1 compiles); `reward_gain` is the mean
+reward of the last 5 steps minus the first 5; `dropped_stale_groups` is the fraction of the groups a run's
+steps took that were dropped as too stale (0 for sync, which drops none); `*_growth` is the relative
+increase of the median step time with the straggler.
 """
 
 from __future__ import annotations
@@ -125,7 +127,8 @@ def _run(name: str, steps: int, delay: float, cores: Cores, model_dir: str, work
   out = {"steps": len(rows), "step_s": round(float(np.median(times)), 2) if times else None,
          "rollout_s": round(float(np.median([r["rollout_s"] for r in later])), 2),
          "learner_s": round(float(np.median([r["learner_s"] for r in later])), 2),
-         "reward_gain": round(float(np.mean(rewards[-5:]) - np.mean(rewards[:5])), 4)}
+         "reward_gain": round(float(np.mean(rewards[-5:]) - np.mean(rewards[:5])), 4),
+         "dropped_stale_groups": _dropped_stale_groups(rows)}
   if name.startswith("async"):
     hist: dict[str, float] = {}
     for r in rows:
@@ -135,6 +138,13 @@ def _run(name: str, steps: int, delay: float, cores: Cores, model_dir: str, work
     out["staleness_hist"] = hist
     out["tis_truncated"] = round(float(np.mean([r.get("tis_truncated_fraction", 0.0) for r in rows])), 4)
   return out
+
+
+def _dropped_stale_groups(rows: list[dict]) -> float:
+  """The fraction of the groups taken by a run's steps that were dropped as stale (an async run's
+  `groups/*` metrics; a sync run has none and drops no group)."""
+  taken = sum(r.get("groups/taken", 0.0) for r in rows)
+  return round(sum(r.get("groups/dropped_stale", 0.0) for r in rows) / taken, 4) if taken else 0.0
 
 
 def _cold_start(work: pathlib.Path) -> str:

@@ -1,7 +1,10 @@
 """Advantages: GRPO group normalisation (paper Eq. 1), and what branch-local PPO advantages (Eq. 2) are.
 
-GRPO: A_i = (R_i - mean_g) / (std_g + eps) over the rollouts of group g = one (task_id, harness) pair,
-so the same task under two harnesses forms two groups and groups never mix harnesses. std is the
+GRPO: A_i = (R_i - mean_g) / (std_g + eps) over the rollouts of group g = one draw of a (task_id,
+harness) pair: the rollouts a step's task sample launched together (clawjax.train.groups; their records
+carry the group's index, `extra["group"]`). The same task under two harnesses forms two groups, and so
+does the same pair drawn twice (two steps' samples trained in one asynchronous step): groups never mix
+harnesses or draws. Records without a group index (older logs) group by the pair alone. std is the
 population standard deviation (ddof=0): the group is the whole set being normalised, not a sample of
 a larger one, and it stays defined for a group of one. (Libraries that use the sample std, ddof=1,
 divide by a larger std and so give advantages smaller by the factor sqrt((n - 1) / n): 6.5% smaller
@@ -22,7 +25,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from clawjax.calllog import RolloutRecord
-from clawjax.tree.batch import RolloutScores
+from clawjax.tree.batch import GroupKey, RolloutScores
+
+
+def group_key(record: RolloutRecord) -> GroupKey:
+  """(task_id, harness, draw): the GRPO group of a rollout; draw is its group's index in the run's data
+  order, None for a record that names none."""
+  draw = (record.extra or {}).get("group")
+  return record.task_id, record.harness, None if draw is None else int(draw)
 
 
 def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> RolloutScores:
@@ -35,9 +45,9 @@ def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> Rol
     raise ValueError(f"eps must be > 0, got {eps}")
   ok = sorted((r for r in rollouts if r.status == "ok" and r.reward is not None),
               key=lambda r: r.rollout_id)
-  groups = sorted({(r.task_id, r.harness) for r in ok})
+  groups = sorted({group_key(r) for r in ok}, key=lambda g: (g[0], g[1], -1 if g[2] is None else g[2]))
   group_of = {g: i for i, g in enumerate(groups)}
-  group_ids = np.array([group_of[(r.task_id, r.harness)] for r in ok], np.int32)
+  group_ids = np.array([group_of[group_key(r)] for r in ok], np.int32)
   rewards = np.array([r.reward for r in ok], np.float64)
   advantages = np.zeros(len(ok), np.float64)
   singleton = zero_var = 0

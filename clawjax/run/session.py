@@ -65,6 +65,7 @@ class RolloutJob:
   harness: str
   index: int = 0                        # which rollout of the task: a GRPO group member, an eval sample
   config: RolloutConfig | None = None   # settings of this rollout when not the session's (a task timeout)
+  group: int | None = None              # the GRPO group (clawjax.train.groups) it belongs to; in its record
 
 
 def rollout_id(label: str, job: RolloutJob) -> str:
@@ -188,14 +189,15 @@ class PolicySession:
     """Runs one job; it always ends as one rollout record in `writer` (thread-safe: call it from many
     threads at once)."""
     rid = rollout_id(label, job)
+    extra = {"process_index": self.process_index, **({"group": job.group} if job.group is not None else {})}
     pin_thread(self._cores)  # this pool thread, and the sandbox and checker it starts
     try:
       return run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
-                         admin_token=self.admin_token, record_extra={"process_index": self.process_index})
+                         admin_token=self.admin_token, record_extra=extra)
     except Exception as e:  # pylint: disable=broad-except  (one rollout's bug must not end the run)
       log.exception("rollout %s crashed", rid)
       record = RolloutRecord(rid, job.task.task_id, job.harness, None, "failed",
-                             {"reason": f"{type(e).__name__}: {e}", "process_index": self.process_index})
+                             {"reason": f"{type(e).__name__}: {e}", **extra})
       writer.write(record)
       return RolloutOutcome(record, None, [])
 

@@ -1,15 +1,25 @@
 """Asynchronous RL (`config.async_rl`): rollouts run while the learner updates.
 
-Up to `batch.max_staleness` steps' groups are in flight ahead of the step being trained; a step trains on
-the first groups to complete (so a straggler moves to a later step instead of holding this one), and a
-group whose oldest call is more than `batch.max_staleness` versions behind is dropped, never trained.
+Staleness is bounded at admission, as in AReaL: with the learner at policy version v (v steps trained),
+groups are launched, in data order, only while the groups taken + in flight <= (max_staleness + v + 1)
+x G, G groups a step; so every group is launched at most max_staleness versions before the step its
+index belongs to. A step takes G completed groups, the oldest first (clawjax.train.groups.GroupRunner):
+a straggler moves to a later step instead of holding this one, but only until it is due, that is
+launched max_staleness versions ago; then the step waits for it. A group is trained unless a call of it
+is truly more than max_staleness versions behind the learner (its oldest call; a call without a version
+counts as too old), and such a dropped group keeps its place in the count (the data order stays the
+cursor). A step with nothing to train (on any process) runs its groups again, up to
+`empty_step_retries` times, as the synchronous loop does; it keeps its step number.
+
 The checkpoint's cursor lists the groups launched and not trained, and the next step to sample; a
 resumed run runs those groups again, so no group is trained twice. In a multi-process run each process
-runs its own groups (clawjax.train.layout) and takes its share of each step.
+runs its own groups (clawjax.train.layout) and takes its share of each step (none, when G is smaller
+than the number of processes and it owns no group of the step).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -18,7 +28,7 @@ import numpy as np
 
 from clawjax import distributed
 from clawjax.train.groups import CompletedGroup, Group, GroupRunner
-from clawjax.train.step_data import build_step, failure_reasons
+from clawjax.train.step_data import StepData, build_step, call_staleness, failure_reasons
 from clawjax.train.steps import Run, StepTrainer
 
 log = logging.getLogger(__name__)
@@ -41,44 +51,30 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
   next_step = int(steps.cursor.get("next_step", start + 1))
   try:
     for group in pending:
-      runner.launch(group)
-    empty = 0
+      runner.launch(group, steps.session.version)
     for step in range(start + 1, cfg.steps + 1):
-      while next_step <= step + cfg.batch.max_staleness:  # the groups of up to max_staleness steps ahead
+      version = steps.session.version
+      # Admission: the groups of the steps up to max_staleness ahead of the one being trained, that is
+      # taken + in flight <= (max_staleness + version + 1) x G.
+      while next_step <= version + 1 + cfg.batch.max_staleness:
         for group in trainer.own_groups(next_step):
-          runner.launch(group)
+          runner.launch(group, version)
           pending.append(group)
         next_step += 1
-      per_step = len(trainer.own_groups(step))
       t0 = time.time()
-      taken = runner.take(per_step)
+      taken, split, data = _step_groups(trainer, runner, step, version)
       wait_s = time.time() - t0
-      trained = {c.group.index for c in taken}
-      pending = [g for g in pending if g.index not in trained]
-      fresh, dropped = _fresh_groups(trainer, taken, steps.session.version)
-      loaded = layout.load([c.path for c in fresh])
-      data = build_step(loaded, policy_version=steps.session.version, filters=cfg.filters, batch=cfg.batch)
-      trainable = sum(distributed.allgather_json(data.tree_stats["trained_rollouts"]))
-      if not trainable:
-        empty += 1
-        reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
-        log.warning("step %d: nothing to train in %d groups: %s", step, len(taken), " | ".join(reasons))
-        if empty > cfg.empty_step_retries:
-          raise RuntimeError(f"step {step}: nothing to train in {empty} batches of groups in a row (see "
-                             f"{layout.groups_dir}); why: {' | '.join(reasons)}")
-        continue
-      empty = 0
-      record = trainer.workdir / "steps" / f"step_{step}" / layout.per_process("groups.json")
-      record.parent.mkdir(parents=True, exist_ok=True)
-      record.write_text(json.dumps({"trained": [c.group.key for c in fresh],
-                                    "dropped_stale": [c.group.key for c in dropped]}) + "\n")
-      newest = max(trained)
-      extra = {"rollouts": float(per_step * cfg.rollouts_per_task), "rollout_s": wait_s,
-               "groups/taken": float(len(taken)), "groups/dropped_stale": float(len(dropped)),
+      taken_ids = {c.group.index for c in taken}
+      pending = [g for g in pending if g.index not in taken_ids]
+      _write_groups(trainer, step, split)
+      extra = {"rollouts": float(len(taken) * cfg.rollouts_per_task), "rollout_s": wait_s,
+               "groups/taken": float(len(taken)), "groups/dropped_stale": float(len(split.stale)),
+               "calls_without_version": float(split.unversioned_calls),
                "groups/in_flight": float(len(runner.in_flight)),
                # Older groups still running while younger ones train: stragglers that moved on.
-               "groups/deferred": float(sum(g.index < newest for g in runner.in_flight)),
-               "group_wall_s": float(np.median([c.wall_s for c in taken]))}
+               "groups/deferred": float(sum(g.index < max(taken_ids, default=-1) for g in runner.in_flight))}
+      if taken:
+        extra["group_wall_s"] = float(np.median([c.wall_s for c in taken]))
       # Every process's pending groups, so that a resume of any process finds its own.
       all_pending = sorted(i for part in distributed.allgather_json([g.index for g in pending]) for i in part)
       steps.cursor.update(pending=all_pending, next_step=next_step)
@@ -87,17 +83,57 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
     runner.close()
 
 
-def _fresh_groups(trainer: GroupedRun, taken: list[CompletedGroup], version: int
-                  ) -> tuple[list[CompletedGroup], list[CompletedGroup]]:
-  """(groups within the staleness bound, groups too old to train): a group is as old as its oldest call."""
+@dataclasses.dataclass
+class Freshness:
+  """The taken groups split by the staleness bound."""
+  fresh: list[CompletedGroup]
+  stale: list[CompletedGroup]
+  unversioned_calls: int  # sampled calls without a policy version (they make their group stale)
+
+
+def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: int
+                 ) -> tuple[list[CompletedGroup], Freshness, StepData]:
+  """(taken, taken split by staleness, the step's data) of this process: the step's share of completed
+  groups; when no process has anything to train in them, they run again (a retry keeps the step's
+  number), up to `empty_step_retries` times."""
+  cfg = trainer.cfg
+  per_step = len(trainer.own_groups(step))
+  taken = runner.take(per_step, due=version - cfg.batch.max_staleness)
+  for attempt in range(cfg.empty_step_retries + 1):
+    split = _fresh_groups(trainer, taken, version)
+    loaded = trainer.layout.load([c.path for c in split.fresh])
+    data = build_step(loaded, policy_version=version, filters=cfg.filters, batch=cfg.batch)
+    if sum(distributed.allgather_json(data.tree_stats["trained_rollouts"])):
+      return taken, split, data
+    reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
+    log.warning("step %d: nothing to train in %d groups (attempt %d of %d): %s", step, len(taken), attempt + 1,
+                cfg.empty_step_retries + 1, " | ".join(reasons))
+    if attempt < cfg.empty_step_retries:
+      for c in taken:  # the same groups again, sampled now
+        runner.launch(c.group, version)
+      taken = runner.take(len(taken), due=version - cfg.batch.max_staleness)
+  raise RuntimeError(f"step {step}: nothing to train in {cfg.empty_step_retries + 1} attempts (see "
+                     f"{trainer.layout.groups_dir}); why: {' | '.join(reasons)}")
+
+
+def _write_groups(trainer: GroupedRun, step: int, split: Freshness) -> None:
+  """steps/step_<k>/groups.json: the groups the step trained and those it dropped as stale."""
+  record = trainer.workdir / "steps" / f"step_{step}" / trainer.layout.per_process("groups.json")
+  record.parent.mkdir(parents=True, exist_ok=True)
+  record.write_text(json.dumps({"trained": [c.group.key for c in split.fresh],
+                                "dropped_stale": [c.group.key for c in split.stale]}) + "\n")
+
+
+def _fresh_groups(trainer: GroupedRun, taken: list[CompletedGroup], version: int) -> Freshness:
+  """A group is as old as its oldest call, and a call without a policy version is taken as too old (its
+  age cannot be bounded)."""
   bound = trainer.cfg.batch.max_staleness
-  fresh, stale = [], []
+  out = Freshness([], [], 0)
   for c in taken:
-    loaded = trainer.layout.load([c.path])
-    versions = [call.policy_version for calls in loaded.calls.values() for call in calls
-                if call.status == "ok" and call.policy_version is not None]
-    (stale if versions and version - min(versions) > bound else fresh).append(c)
-  for c in stale:
-    log.info("group %s (%s, %s) dropped: sampled more than %d versions ago", c.group.key, c.group.task.task_id,
-             c.group.harness, bound)
-  return fresh, stale
+    calls = [call for rollout in trainer.layout.load([c.path]).calls.values() for call in rollout]
+    out.unversioned_calls += sum(call.status == "ok" and call.policy_version is None for call in calls)
+    (out.stale if call_staleness(calls, version) > bound else out.fresh).append(c)
+  for c in out.stale:
+    log.info("group %s (%s, %s) dropped: a call sampled more than %d versions ago, or by no known version",
+             c.group.key, c.group.task.task_id, c.group.harness, bound)
+  return out

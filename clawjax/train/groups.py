@@ -1,10 +1,11 @@
 """GRPO groups as the unit of rollout work: which groups a step samples, and a runner that keeps groups
 in flight in the background while the learner works (asynchronous RL).
 
-A group is one (task, harness) pair of a step's task sample, run `rollouts_per_task` times. Groups are
-numbered in the run's data order: step s (from 1) holds the indices [(s - 1) * G, s * G), G groups a
-step, so that an index alone names its group again after a resume. Step s's sample is a function of
-(seed, s) only.
+A group is one draw of a (task, harness) pair in a step's task sample, run `rollouts_per_task` times; its
+rollouts, and only they, are normalised together (clawjax.rl.advantages), so the same pair drawn by two
+steps makes two groups even when one learner step trains both. Groups are numbered in the run's data
+order: step s (from 1) holds the indices [(s - 1) * G, s * G), G groups a step, so that an index alone
+names its group again after a resume. Step s's sample is a function of (seed, s) only.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Group:
     return f"g{self.index}"
 
   def jobs(self, rollouts: int) -> list[RolloutJob]:
-    return [RolloutJob(self.task, self.harness, k) for k in range(rollouts)]
+    return [RolloutJob(self.task, self.harness, k, group=self.index) for k in range(rollouts)]
 
 
 def groups_per_step(tasks_per_step: int, n_tasks: int, n_harnesses: int) -> int:
@@ -58,21 +59,23 @@ class CompletedGroup:
   group: Group
   path: pathlib.Path   # its rollout records (the shim's call logs are in the session's log dir)
   wall_s: float        # from its launch to its last rollout's end
+  launch_version: int  # the policy version when it was launched: no call of it was sampled by an older one
 
 
 class GroupRunner:
-  """Runs groups' rollouts through a session, `concurrency` at a time, in launch order; `take(n)`
-  returns the first n groups to complete, in order of completion. A straggling group holds no one up:
-  later groups complete past it."""
+  """Runs groups' rollouts through a session, `concurrency` at a time, in launch order; `take(n, due)`
+  returns n completed groups, the oldest (in data order) first. A straggling group holds no one up until
+  it is due: later groups complete past it and are taken instead, while it can still be trained later."""
 
   def __init__(self, session: PolicySession, rollouts_per_task: int, concurrency: int, out_dir: pathlib.Path):
     self.session, self.rollouts, self.out_dir = session, rollouts_per_task, out_dir
     self._pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="clawjax-group")
     self._cv = threading.Condition()
     self._done: list[CompletedGroup] = []
-    self._running: dict[int, Group] = {}
+    self._running: dict[int, tuple[Group, int]] = {}  # index -> (group, the version it was launched at)
 
-  def launch(self, group: Group) -> None:
+  def launch(self, group: Group, version: int) -> None:
+    """Starts the group's rollouts; `version` is the policy version now (what `take`'s `due` compares)."""
     self.out_dir.mkdir(parents=True, exist_ok=True)
     path = self.out_dir / f"{group.key}.jsonl"
     if path.exists():  # the same group run before a crash: its rollouts are run afresh
@@ -90,27 +93,33 @@ class GroupRunner:
           if remaining[0] == 0:
             writer.close()
             del self._running[group.index]
-            self._done.append(CompletedGroup(group, path, time.time() - started))
+            self._done.append(CompletedGroup(group, path, time.time() - started, version))
             self._cv.notify_all()
 
     with self._cv:
-      self._running[group.index] = group
+      self._running[group.index] = group, version
     for job in group.jobs(self.rollouts):
       self._pool.submit(one, job)
 
-  def take(self, n: int) -> list[CompletedGroup]:
-    """Blocks until n groups have completed (of those launched); returns the first n, in completion order."""
+  def take(self, n: int, due: int) -> list[CompletedGroup]:
+    """Blocks until n groups have completed and, of those, every group launched at version `due` or
+    before (a group that could not wait another step without exceeding the staleness bound); returns
+    those due groups and then the oldest other completed groups, n in all, in data order."""
+    if n == 0:  # (no group is due then: at most a step's own groups are ever due, clawjax.train.async_loop)
+      return []
     with self._cv:
       if n > len(self._done) + len(self._running):
         raise ValueError(f"take({n}): only {len(self._done) + len(self._running)} groups launched")
-      self._cv.wait_for(lambda: len(self._done) >= n)
-      taken, self._done = self._done[:n], self._done[n:]
+      self._cv.wait_for(lambda: len(self._done) >= n and all(v > due for _, v in self._running.values()))
+      ready = sorted(self._done, key=lambda c: (c.launch_version > due, c.group.index))
+      taken = sorted(ready[:n], key=lambda c: c.group.index)
+      self._done = ready[n:]
     return taken
 
   @property
   def in_flight(self) -> list[Group]:
     with self._cv:
-      return sorted(self._running.values(), key=lambda g: g.index)
+      return sorted((g for g, _ in self._running.values()), key=lambda g: g.index)
 
   @property
   def waiting(self) -> list[Group]:

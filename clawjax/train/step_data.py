@@ -1,9 +1,10 @@
 """One RL step's data: call log + rollout records -> filtered trees -> advantages -> packed batches.
 
-Scored rollouts (status "ok", a finite reward within `reward_range`) form the GRPO groups: each group's
-mean and std are taken over all of its scored rollouts, as the paper defines A_i over the n rollouts of
-a task, also over those that are then not trained (dropping them first would change their siblings'
-advantages: a group [1, 1, 0, 0] whose failures are too long would train its successes at A = 0).
+Scored rollouts (status "ok", a finite reward within `reward_range`) form the GRPO groups, one per draw
+of a (task, harness) pair (clawjax.rl.advantages): each group's mean and std are taken over all of its
+scored rollouts, as the paper defines A_i over the n rollouts of a task, also over those that are then
+not trained (dropping them first would change their siblings' advantages: a group [1, 1, 0, 0] whose
+failures are too long would train its successes at A = 0).
 
 Which rollouts are trained (each exclusion is counted under its reason in `StepData.counts`):
   unreadable  a record of the rollout could not be read (clawjax.calllog.load names the file and line):
@@ -13,8 +14,9 @@ Which rollouts are trained (each exclusion is counted under its reason in `StepD
   reward      a reward that is not finite, or outside `reward_range` with `out_of_range="reject"`:
               `nonfinite_reward` / `reward_out_of_range` (never scored, never in a group);
   stale       a call sampled by a policy more than `max_staleness` versions behind the learner:
-              the whole rollout is dropped (`stale`); within the bound, TIS corrects it. Calls whose
-              engine reports no version cannot be judged: counted (`calls_without_version`), warned;
+              the whole rollout is dropped (`stale`); within the bound, TIS corrects it. A call whose
+              engine reports no version cannot be judged: it counts as too old (its rollout is `stale`),
+              and is counted (`calls_without_version`) and warned about;
   over_branching, empty: the tree filters dropped every call (`over_branching`, `no_trained_calls`);
   too_long    the kept tree is longer than a packed row (`too_long`);
   uninformative  with `drop_uninformative_groups`, a rollout of a group whose advantages are all 0
@@ -35,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from clawjax.calllog import CallRecord, LoadedLog, RolloutRecord
-from clawjax.rl.advantages import grpo_advantages
-from clawjax.tree.batch import PackedBatch, RolloutScores
+from clawjax.rl.advantages import group_key, grpo_advantages
+from clawjax.tree.batch import GroupKey, PackedBatch, RolloutScores
 from clawjax.tree.filters import FilterConfig, FilteredRollout, filter_rollout
 from clawjax.tree.pack import pack_trees, split_for_rows
 
@@ -77,14 +79,18 @@ class StepData:
   scores: RolloutScores
   counts: dict[str, int]           # exclusions and call reasons, see the module docstring
   rewards: dict[str, float]        # per rollout id (all scored rollouts, trained or not)
-  groups: dict[str, tuple[str, str]]  # rollout id -> (task_id, harness)
+  groups: dict[str, GroupKey]      # rollout id -> its GRPO group (task_id, harness, draw)
   tree_stats: dict[str, float]     # sums: trained rollouts, unique/path/loss tokens, leaves, drift, groups
   staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # versions behind -> trained calls
   failures: list[str] = dataclasses.field(default_factory=list)  # failure_reasons of the step's rollouts
 
 
-def _staleness(calls: Sequence[CallRecord], version: int) -> int:
-  versions = [c.policy_version for c in calls if c.status == "ok" and c.policy_version is not None]
+def call_staleness(calls: Sequence[CallRecord], version: int) -> float:
+  """How many versions the oldest sampled call of `calls` is behind `version`; infinite when one has no
+  version (its engine reports none: its age cannot be bounded, so it is never taken as fresh)."""
+  versions = [c.policy_version for c in calls if c.status == "ok"]
+  if any(v is None for v in versions):
+    return math.inf
   return version - min(versions) if versions else 0
 
 
@@ -125,7 +131,7 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
       continue
     scored.append(dataclasses.replace(record, reward=reward))
     counts["calls_without_version"] += sum(c.status == "ok" and c.policy_version is None for c in calls)
-    if _staleness(calls, policy_version) > batch.max_staleness:
+    if call_staleness(calls, policy_version) > batch.max_staleness:
       counts["stale"] += 1
       continue
     f = filter_rollout(rid, calls, filters)
@@ -142,8 +148,8 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
       continue
     kept_filter[rid] = f
   if counts["calls_without_version"]:
-    log.warning("%d calls carry no policy version: their engine does not report one, so their staleness "
-                "cannot be measured and batch.max_staleness cannot drop them", counts["calls_without_version"])
+    log.warning("%d calls carry no policy version (their engine reports none): their rollouts are not trained, "
+                "as stale", counts["calls_without_version"])
   scores = grpo_advantages(scored)
   kept_ids = [rid for rid in scores.rollout_ids if rid in kept_filter]
   if batch.drop_uninformative_groups:
@@ -169,10 +175,11 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
       "singleton_groups": float(scores.singleton_groups),
       "zero_variance_groups": float(scores.zero_variance_groups),
   }
-  groups = {rid: (r.task_id, r.harness) for rid, r in loaded.rollouts.items()}
+  groups = {rid: group_key(r) for rid, r in loaded.rollouts.items()}
   rewards = {r.rollout_id: r.reward for r in scored}
+  # (A kept rollout's calls all have a version: an unversioned call made its rollout stale.)
   staleness = collections.Counter(policy_version - c.policy_version for rid in kept_ids
-                                  for c in loaded.calls.get(rid, []) if c.status == "ok" and c.policy_version is not None)
+                                  for c in loaded.calls.get(rid, []) if c.status == "ok")
   return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())),
                   failure_reasons(loaded))
 
@@ -204,11 +211,12 @@ def summary(data: StepData) -> dict[str, Any]:
 
 def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
   """The rollout-side metrics of a step from its processes' summaries: reward mean/std over all scored
-  rollouts, per harness and per (task, harness) group; exclusions and calls by reason; tree sizes and
-  ratios; the staleness histogram of the trained calls."""
+  rollouts, per harness and per (task, harness) pair (its std: the mean over the step's draws of the pair
+  of each draw's std, the spread its advantages were normalised by); exclusions and calls by reason; tree
+  sizes and ratios; the staleness histogram of the trained calls."""
   out: dict[str, float] = {}
   rewards = {rid: r for s in summaries for rid, r in s["rewards"].items()}
-  groups = {rid: g for s in summaries for rid, g in s["groups"].items()}
+  groups = {rid: tuple(g) for s in summaries for rid, g in s["groups"].items()}
 
   def add(prefix: str, values: list[float]) -> None:
     out[f"{prefix}mean"] = float(np.mean(values))
@@ -216,13 +224,19 @@ def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
 
   if rewards:
     add("reward/", list(rewards.values()))
-  by: dict[str, list[float]] = collections.defaultdict(list)
+  by_harness: dict[str, list[float]] = collections.defaultdict(list)
+  by_draw: dict[tuple[str, str, int | None], list[float]] = collections.defaultdict(list)
   for rid, r in rewards.items():
-    task, harness = groups[rid]
-    by[f"reward_harness/{harness}/"].append(r)
-    by[f"reward_group/{task}/{harness}/"].append(r)
-  for prefix, values in sorted(by.items()):
-    add(prefix, values)
+    by_harness[groups[rid][1]].append(r)
+    by_draw[groups[rid]].append(r)
+  for harness, values in sorted(by_harness.items()):
+    add(f"reward_harness/{harness}/", values)
+  by_pair: dict[tuple[str, str], list[list[float]]] = collections.defaultdict(list)
+  for (task, harness, _), values in by_draw.items():
+    by_pair[task, harness].append(values)
+  for (task, harness), draws in sorted(by_pair.items()):
+    out[f"reward_group/{task}/{harness}/mean"] = float(np.mean([r for d in draws for r in d]))
+    out[f"reward_group/{task}/{harness}/std"] = float(np.mean([np.std(d) for d in draws]))
   counts = collections.Counter()
   tree = collections.Counter()
   staleness = collections.Counter()

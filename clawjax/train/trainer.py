@@ -4,9 +4,10 @@
 
 Per step k: sample tasks (a fixed function of (seed, k), so a resumed run sees the same data order)
 -> for each (task, harness) group `rollouts_per_task` rollouts through the shim, `concurrency` at a
-time (clawjax.run.session) -> settle, score (clawjax.harness.rollout) -> filter and build trees, GRPO
-advantages per (task, harness) group (step_data.py) -> learner updates over tree-packed batches with TIS
-(pi_old recomputed inside the step) -> push the weights to the engine -> Orbax checkpoint -> metrics ->
+time (clawjax.run.session; each record names its group's index) -> settle, score
+(clawjax.harness.rollout) -> filter and build trees, GRPO advantages per group, one draw of a (task,
+harness) pair (step_data.py) -> learner updates over tree-packed batches with TIS (pi_old recomputed
+inside the step) -> push the weights to the engine -> Orbax checkpoint -> metrics ->
 periodic held-out evaluation (steps.py). With `async_rl` the next steps' rollouts run while the learner
 works (async_loop.py).
 

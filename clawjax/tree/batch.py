@@ -75,6 +75,11 @@ class PackedBatch:
     return (self.unique_weight_RT > 0) | (self.path_weight_RT > 0)
 
 
+# A GRPO group: (task_id, harness, draw), draw the index of the group in the run's data order
+# (clawjax.train.groups), or None for rollouts whose records name no group.
+GroupKey = tuple[str, str, int | None]
+
+
 @dataclasses.dataclass
 class RolloutScores:
   """Per-rollout reward, group and advantage (suffix _N), for the rollouts that can be trained."""
@@ -82,7 +87,7 @@ class RolloutScores:
   group_ids_N: np.ndarray          # int32 index into `groups`
   rewards_N: np.ndarray            # float32
   advantages_N: np.ndarray         # float32 GRPO advantage
-  groups: list[tuple[str, str]]    # (task_id, harness) of each group
+  groups: list[GroupKey]           # each group's (task_id, harness, draw): a pair drawn twice is two groups
   singleton_groups: int            # groups with one rollout (A = 0)
   zero_variance_groups: int        # groups of >= 2 rollouts with equal rewards (A = 0)
 

@@ -23,10 +23,12 @@ from clawjax.tree.pack import pack_trees
 from tests.rl.learner_batches import TINY, make_policy
 
 records = st.lists(st.builds(
-    lambda i, task, harness, reward, status: RolloutRecord(
-        f"r{i}", task, harness, reward if status == "ok" else None, status),
+    lambda i, task, harness, reward, status, draw: RolloutRecord(
+        f"r{i}", task, harness, reward if status == "ok" else None, status,
+        {} if draw is None else {"group": draw}),
     st.integers(0, 10**9), st.sampled_from(["t1", "t2"]), st.sampled_from(["claude_code", "openclaw"]),
-    st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 1), st.sampled_from(["ok", "ok", "ok", "failed"])),
+    st.sampled_from([0.0, 0.25, 1.0]) | st.floats(0, 1), st.sampled_from(["ok", "ok", "ok", "failed"]),
+    st.sampled_from([None, 3, 7])),
     max_size=24, unique_by=lambda r: r.rollout_id)
 
 
@@ -38,9 +40,10 @@ def test_grpo_matches_brute_force(rollouts, eps):
   assert sorted(s.rollout_ids) == sorted(r.rollout_id for r in ok)
   index = s.index()
   singletons = zero_var = 0
-  for key in {(r.task_id, r.harness) for r in ok}:
-    members = [r for r in ok if (r.task_id, r.harness) == key]
-    # One group per (task, harness): same task under another harness is another group.
+  for key in {(r.task_id, r.harness, r.extra.get("group")) for r in ok}:
+    members = [r for r in ok if (r.task_id, r.harness, r.extra.get("group")) == key]
+    # One group per draw of a (task, harness) pair: the same task under another harness, or drawn again,
+    # is another group.
     assert {int(s.group_ids_N[index[r.rollout_id]]) for r in members} == {s.groups.index(key)}
     rewards = [r.reward for r in members]
     mean, std = statistics.fmean(rewards), statistics.pstdev(rewards)
@@ -50,7 +53,20 @@ def test_grpo_matches_brute_force(rollouts, eps):
       want = 0.0 if len(set(rewards)) == 1 else (r.reward - mean) / (std + eps)
       np.testing.assert_allclose(s.advantages_N[index[r.rollout_id]], want, rtol=1e-5, atol=1e-6)
   assert (s.singleton_groups, s.zero_variance_groups) == (singletons, zero_var)
-  assert len(s.groups) == len({g for g in s.groups}) == len({(r.task_id, r.harness) for r in ok})
+  assert len(s.groups) == len(set(s.groups)) == len({(r.task_id, r.harness, r.extra.get("group")) for r in ok})
+
+
+def test_two_draws_of_one_task_are_two_groups():
+  """One step's draw of (t, mini) scored [1, 0, 0], another step's [1, 1, 0], trained in one step: each
+  is normalised on its own, not as one group of six (which gives +-1 to all)."""
+  rewards = {4: [1.0, 0.0, 0.0], 9: [1.0, 1.0, 0.0]}
+  rollouts = [RolloutRecord(f"g{g}-{k}", "t", "mini", r, "ok", {"group": g})
+              for g, rs in rewards.items() for k, r in enumerate(rs)]
+  s = grpo_advantages(rollouts)
+  got = s.by_rollout()
+  np.testing.assert_allclose([got[f"g4-{k}"] for k in range(3)], [1.414214, -0.707107, -0.707107], rtol=1e-5)
+  np.testing.assert_allclose([got[f"g9-{k}"] for k in range(3)], [0.707107, 0.707107, -1.414214], rtol=1e-5)
+  assert s.groups == [("t", "mini", 4), ("t", "mini", 9)]
 
 
 def test_learner_ppo_advantages_are_branch_local_gae():

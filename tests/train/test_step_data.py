@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from clawjax.calllog import CallLogWriter, LoadedLog, load
+from clawjax.calllog import CallLogWriter, CallRecord, LoadedLog, RolloutRecord, load
 from clawjax.train.step_data import BatchConfig, build_step, step_metrics, summary
 from clawjax.tree.filters import FilterConfig, filter_rollout
 from clawjax.tree.synthetic import agent_group
@@ -14,11 +14,16 @@ from clawjax.tree.synthetic import agent_group
 SMALL = dict(prompt_len=60, n_calls=3, tokens_per_call=20, vocab_size=500)
 
 
+def _versioned(c: CallRecord) -> CallRecord:
+  """A synthetic call (no version) as sampled by the learner's policy 0 (an unversioned call is stale)."""
+  return c if c.policy_version is not None else dataclasses.replace(c, policy_version=0)
+
+
 def _log(groups) -> LoadedLog:
   calls, rollouts = {}, {}
   for cs, outs in groups:
     for c in cs:
-      calls.setdefault(c.rollout_id, []).append(c)
+      calls.setdefault(c.rollout_id, []).append(_versioned(c))
     rollouts.update({o.rollout_id: o for o in outs})
   return LoadedLog(calls=calls, rollouts=rollouts, problems=[])
 
@@ -44,7 +49,7 @@ def test_mix_harness_groups_never_mix():
   log = _log([agent_group(rng, task_id="t", harness="openclaw", n_rollouts=4, rewards=ra, **SMALL),
               agent_group(rng, task_id="t", harness="claude_code", n_rollouts=4, rewards=rb, **SMALL)])
   data = build_step(log, policy_version=0, filters=FilterConfig(), batch=BatchConfig(row_len=4096, rows=4))
-  assert sorted(data.scores.groups) == [("t", "claude_code"), ("t", "openclaw")]
+  assert sorted(data.scores.groups) == [("t", "claude_code", None), ("t", "openclaw", None)]
   got = _token_advantages(data)
   for harness, rewards in (("openclaw", ra), ("claude_code", rb)):
     for i, a in enumerate(_reference(rewards)):
@@ -136,6 +141,45 @@ def test_uninformative_groups_can_be_left_out():
   assert left_out.counts["uninformative"] == 3 and left_out.rewards.keys() == kept.rewards.keys()
 
 
+def _draw(group: tuple[list[CallRecord], list[RolloutRecord]], draw: int):
+  """The group's records as those of draw `draw` (the group index a run's records carry)."""
+  calls, outs = group
+  return calls, [dataclasses.replace(o, extra={**o.extra, "group": draw}) for o in outs]
+
+
+def test_two_draws_of_a_pair_are_two_groups_for_uninformative_and_metrics():
+  """(t, mini) drawn by two steps, [1, 1] and [0, 0], in one batch: each draw has no signal (merged they
+  would look informative), so drop_uninformative_groups leaves all four out; the pair's std is that
+  within the draws (0), not over the four rewards (0.5)."""
+  rng = np.random.default_rng(7)
+  ones = _draw(agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[1.0, 1.0], **SMALL), 3)
+  rng = np.random.default_rng(8)  # other rollout ids: the synthetic ids name the task and index only
+  zeros = agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[0.0, 0.0], **SMALL)
+  zeros = _draw(([dataclasses.replace(c, rollout_id=f"{c.rollout_id}b") for c in zeros[0]],
+                 [dataclasses.replace(o, rollout_id=f"{o.rollout_id}b") for o in zeros[1]]), 8)
+  data = build_step(_log([ones, zeros]), policy_version=0, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4, drop_uninformative_groups=True))
+  assert sorted(data.scores.groups) == [("t", "mini", 3), ("t", "mini", 8)]
+  assert data.counts["uninformative"] == 4 and not any(b.rollout_ids_N for b in data.batches)
+  assert data.tree_stats["zero_variance_groups"] == 2
+  m = step_metrics([summary(data)])
+  assert m["reward_group/t/mini/mean"] == 0.5 and m["reward_group/t/mini/std"] == 0.0
+
+
+def test_a_call_without_a_version_makes_its_rollout_stale_and_is_counted():
+  rng = np.random.default_rng(9)
+  calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=3, rewards=[0.0, 1.0, 0.5], **SMALL)
+  unversioned = outs[0].rollout_id
+  calls = [dataclasses.replace(c, policy_version=None if c.rollout_id == unversioned and c.call_index == 1 else 4)
+           for c in calls]
+  log = LoadedLog(calls={}, rollouts={o.rollout_id: o for o in outs}, problems=[])
+  for c in calls:
+    log.calls.setdefault(c.rollout_id, []).append(c)
+  data = build_step(log, policy_version=5, filters=FilterConfig(), batch=BatchConfig(row_len=4096, rows=4))
+  assert data.counts["stale"] == 1 and data.counts["calls_without_version"] == 1
+  assert {rid for b in data.batches for rid in b.rollout_ids_N} == {outs[1].rollout_id, outs[2].rollout_id}
+
+
 def test_a_rollout_with_an_unreadable_call_is_left_out_whole(tmp_path):
   rng = np.random.default_rng(6)
   calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[0.0, 1.0], **SMALL)
@@ -143,7 +187,7 @@ def test_a_rollout_with_an_unreadable_call_is_left_out_whole(tmp_path):
     with CallLogWriter(tmp_path / f"{o.rollout_id.replace('/', '_')}.jsonl") as w:
       for c in calls:
         if c.rollout_id == o.rollout_id:
-          w.write(c)
+          w.write(_versioned(c))
       w.write(o)
   broken = tmp_path / f"{outs[0].rollout_id.replace('/', '_')}.jsonl"
   lines = broken.read_text().splitlines(keepends=True)

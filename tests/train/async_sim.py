@@ -1,0 +1,217 @@
+"""The real asynchronous loop (clawjax.train.async_loop.run_async, its GroupRunner, build_step) on a
+simulated clock: stand-ins for what takes time (a policy session whose rollouts take a task-dependent
+number of clock units and whose calls carry the policy version they started at, and a learner step that
+takes `learner_time` units), so that runs of hundreds of steps take seconds and come out the same on a
+loaded machine as on an idle one.
+
+The clock moves to the next wake-up only when every other thread is blocked: the rollout threads asleep on
+the clock or idle in their pool, and the loop waiting for groups or asleep in its learner step.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import itertools
+import json
+import pathlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.run.session import RolloutJob
+from clawjax.tasks.records import Task
+from clawjax.train.async_loop import run_async
+from clawjax.train.config import TrainConfig
+from clawjax.train.groups import Group, step_groups
+from clawjax.train.layout import RunLayout
+from clawjax.train.step_data import BatchConfig, StepData
+from clawjax.tree import synthetic
+
+# Frames in which a thread is blocked: a condition's wait (the clock, the runner's take), a pool worker
+# waiting for work, or a join (the runner's close, waiting for the last rollouts).
+_BLOCKED = {("threading.py", "wait"), ("thread.py", "_worker"), ("threading.py", "_wait_for_tstate_lock")}
+
+
+class SimClock:
+
+  def __init__(self):
+    self.now = 0.0
+    self._cv = threading.Condition()
+    self._wakes: list[tuple[float, int]] = []
+    self._seq = itertools.count()
+    self._events = 0  # bumped by every sleep and wake-up, to see that nothing moved between two looks
+    self._stop = threading.Event()
+    self._ticker = threading.Thread(target=self._tick, name="sim-clock", daemon=True)
+    self._ticker.start()
+
+  def sleep(self, units: float) -> None:
+    with self._cv:
+      wake = (self.now + units, next(self._seq))
+      heapq.heappush(self._wakes, wake)
+      self._events += 1
+      self._cv.wait_for(lambda: self.now >= wake[0])
+      self._events += 1
+
+  def close(self) -> None:
+    self._stop.set()
+    self._ticker.join()
+
+  def _others_blocked(self) -> bool:
+    me = threading.get_ident()
+    return all((pathlib.Path(f.f_code.co_filename).name, f.f_code.co_name) in _BLOCKED
+               for ident, f in sys._current_frames().items() if ident != me)  # pylint: disable=protected-access
+
+  def _tick(self) -> None:
+    while not self._stop.wait(0.0002):
+      with self._cv:
+        seen = self._events
+        if not self._wakes:
+          continue
+      # Quiet twice, a moment apart: a thread just woken still shows its wait frame for a moment.
+      if not self._others_blocked():
+        continue
+      time.sleep(0.001)
+      with self._cv:
+        if self._events != seen or not self._others_blocked():
+          continue
+        self.now = heapq.heappop(self._wakes)[0]
+        while self._wakes and self._wakes[0][0] <= self.now:
+          heapq.heappop(self._wakes)
+        self._cv.notify_all()
+
+
+# What a rollout of the simulated session does, from (its job, its label, how often it ran before).
+Behaviour = Callable[[RolloutJob, str, int], bool]
+
+
+class SimSession:
+  """A policy session: a rollout sleeps `duration(job, label)` clock units; its one call records the
+  policy version at its start (none where `unversioned`); its reward is `reward(job)`; where `fails`,
+  it fails instead (no calls, no reward)."""
+
+  def __init__(self, clock: SimClock, calls_dir: pathlib.Path, duration: Callable[[RolloutJob, str], float],
+               reward: Callable[[RolloutJob], float], unversioned: Behaviour, fails: Behaviour):
+    self.clock, self.calls_dir, self.duration, self.reward = clock, calls_dir, duration, reward
+    self.unversioned, self.fails = unversioned, fails
+    self.version = 0
+    self._ids = itertools.count()
+    self._runs: collections.Counter[tuple[str, str, int]] = collections.Counter()
+    self._lock = threading.Lock()
+
+  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str) -> None:
+    version = self.version
+    with self._lock:
+      rid = f"{label}-{job.task.task_id}-{job.index}-{next(self._ids)}"
+      rng = np.random.default_rng(len(rid))
+      runs = self._runs[label, job.task.task_id, job.index]
+      self._runs[label, job.task.task_id, job.index] += 1
+    self.clock.sleep(self.duration(job, label))
+    extra = {} if getattr(job, "group", None) is None else {"group": job.group}
+    if self.fails(job, label, runs):
+      writer.write(RolloutRecord(rid, job.task.task_id, job.harness, None, "failed", extra))
+      return
+    unversioned = self.unversioned(job, label, runs)
+    calls = synthetic.agent_rollout(rng, rollout_id=rid, task_id=job.task.task_id, harness=job.harness,
+                                    prompt_len=8, n_calls=1, tokens_per_call=4, vocab_size=64)
+    self.calls_dir.mkdir(parents=True, exist_ok=True)
+    with CallLogWriter(self.calls_dir / f"{rid}.jsonl") as calls_log:
+      for call in calls:
+        calls_log.write(dataclasses.replace(call, policy_version=None if unversioned else version))
+    writer.write(RolloutRecord(rid, job.task.task_id, job.harness, self.reward(job), "ok", extra))
+
+
+@dataclasses.dataclass
+class Trained:
+  step: int
+  version: int        # the policy version it trained on
+  dropped: int        # groups taken and dropped as stale
+  data: StepData
+  extra: dict[str, float]
+
+
+class SimSteps:
+  """The learner side of a step (clawjax.train.steps.StepTrainer): records what the loop hands it, takes
+  `learner_time` clock units, then pushes the next version."""
+
+  def __init__(self, session: SimSession, clock: SimClock, learner_time: float):
+    self.session, self.clock, self.learner_time = session, clock, learner_time
+    self.cursor: dict[str, Any] = {"step": 0}
+    self.trained: list[Trained] = []
+
+  def train(self, step: int, data: StepData, extra: dict[str, float], data_path) -> None:
+    self.trained.append(Trained(step, self.session.version, int(extra["groups/dropped_stale"]), data, extra))
+    self.clock.sleep(self.learner_time)
+    self.session.version = step
+    self.cursor["step"] = step
+
+
+class SimTrainer:
+  """The run (clawjax.train.async_loop.GroupedRun): the real data order over `tasks`, one harness."""
+
+  def __init__(self, cfg: TrainConfig, workdir: pathlib.Path, tasks: list[Task], process_index: int = 0,
+               process_count: int = 1):
+    self.cfg, self.workdir, self.tasks = cfg, workdir, tasks
+    self.layout = RunLayout(workdir, process_index, process_count)
+
+  def step_groups(self, step: int) -> list[Group]:
+    return step_groups(self.cfg.seed, self.cfg.tasks_per_step, self.cfg.harnesses, self.tasks, step)
+
+  def group(self, index: int) -> Group:
+    per_step = len(self.step_groups(1))
+    return self.step_groups(index // per_step + 1)[index % per_step]
+
+  def owns(self, group: Group) -> bool:
+    return self.layout.owns(group)
+
+  def own_groups(self, step: int) -> list[Group]:
+    return [g for g in self.step_groups(step) if self.owns(g)]
+
+
+def task(task_id: str) -> Task:
+  return Task(task_id=task_id, prompt=f"do {task_id}", category="sim", grading_type="automated",
+              mount_dir="/tmp", input_files=(), checker=None, rubric=None, source="sim")
+
+
+def config(steps: int, tasks_per_step: int, rollouts: int, max_staleness: int, **kw) -> TrainConfig:
+  """A run of `steps` steps (its tasks come from `task`; `tasks` only has to exist)."""
+  return TrainConfig(tasks=str(pathlib.Path(__file__).parent), steps=steps, tasks_per_step=tasks_per_step,
+                     rollouts_per_task=rollouts, harnesses=("mini",), concurrency=1024, async_rl=True,
+                     batch=BatchConfig(row_len=256, rows=64, max_staleness=max_staleness), **kw)
+
+
+@dataclasses.dataclass
+class SimRun:
+  trainer: SimTrainer
+  steps: SimSteps
+  groups_by_step: dict[int, list[int]]  # groups trained by each step (from its groups.json)
+
+
+def never(job: RolloutJob, label: str, runs: int) -> bool:
+  del job, label, runs
+  return False
+
+
+def run(workdir: pathlib.Path, cfg: TrainConfig, tasks: list[Task], duration: Callable[[RolloutJob, str], float],
+        learner_time: float, *, unversioned: Behaviour = never, fails: Behaviour = never, process_index: int = 0,
+        process_count: int = 1) -> SimRun:
+  """`run_async` over `cfg.steps` steps on a simulated clock; rollout k of a group scores k % 2."""
+  clock = SimClock()
+  trainer = SimTrainer(cfg, workdir, tasks, process_index, process_count)
+  session = SimSession(clock, trainer.layout.calls_dir, duration, lambda job: float(job.index % 2),
+                       unversioned, fails)
+  steps = SimSteps(session, clock, learner_time)
+  try:
+    run_async(trainer, steps, start=0)
+  finally:
+    clock.close()
+  by_step = {}
+  for t in steps.trained:
+    record = workdir / "steps" / f"step_{t.step}" / trainer.layout.per_process("groups.json")
+    by_step[t.step] = [int(k[1:]) for k in json.loads(record.read_text())["trained"]]
+  return SimRun(trainer, steps, by_step)
