@@ -33,7 +33,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -192,20 +191,6 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, deadline: float) -> None:
-  while time.monotonic() < deadline:
-    if proc.poll() is not None:
-      raise RuntimeError(f"the SGLang server exited with {proc.returncode} while starting")
-    try:
-      with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-        if resp.status == 200:
-          return
-    except OSError:
-      pass
-    time.sleep(2)
-  raise TimeoutError("the SGLang server was not healthy in time")
-
-
 def _logprob_diff(model, prompt: list[int], generation) -> dict[str, float]:
   """The engine's log-probs of its sampled tokens against the model's own (log softmax at T = 1)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -232,6 +217,7 @@ def part_sglang(small: bool, sglang_python: str | None, workdir: pathlib.Path, b
   from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel
   from clawjax.models.loading import load_model  # pylint: disable=import-outside-toplevel
   from clawjax.serving.backends.base import PromptIds, create_backend  # pylint: disable=import-outside-toplevel
+  from clawjax.serving.vllm_cpu import wait_healthy  # pylint: disable=import-outside-toplevel
   deadline = time.monotonic() + budget_s - 10
   model = load_model("qwen3-0.6b", random_init=True, dtype="bfloat16", param_dtype="float32").model
   first = hf_io.save(model, workdir / "sglang_v0", dtype=hf_io.push_dtype(model.cfg))
@@ -249,7 +235,7 @@ def part_sglang(small: bool, sglang_python: str | None, workdir: pathlib.Path, b
                              "--random-seed", "0"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
   try:
     start = time.monotonic()
-    _wait_healthy(url, proc, deadline)
+    wait_healthy(proc, url, timeout_s=deadline - start, name="SGLang")
     out["startup_s"] = time.monotonic() - start
     backend = create_backend("sglang", url=url)
     prompt = list(range(1000, 1064))
