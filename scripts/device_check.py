@@ -205,18 +205,47 @@ def _logprob_diff(model, prompt: list[int], generation) -> dict[str, float]:
   return {"tokens": len(generation.output_ids), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
+async def _exchange(backend, model, workdir: pathlib.Path, out: dict[str, Any]) -> None:
+  """Against the served weights: our backend's log-probs, one push of moved weights (exported as the
+  trainer's push exports them), its weight_version read back, the log-probs again. One event loop for
+  all of it: the backend's HTTP session belongs to the loop that made it."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from clawjax.generation import SamplingParams  # pylint: disable=import-outside-toplevel
+  from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel
+  from clawjax.serving.backends.base import PromptIds  # pylint: disable=import-outside-toplevel
+  prompt = list(range(1000, 1064))
+  params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=0)
+  try:
+    out["logprobs_v0"] = _logprob_diff(model, prompt, await backend.generate(PromptIds(prompt), params))
+    keys = iter(jax.random.split(jax.random.key(1), 10_000))
+    nnx.update(model, jax.tree.map(lambda x: x + 0.01 * jax.random.normal(next(keys), x.shape, x.dtype),
+                                   nnx.state(model, nnx.Param)))
+    start = time.monotonic()
+    second = hf_io.save(model, workdir / "sglang_v1", dtype=hf_io.push_dtype(model.cfg))
+    out["push_export_s"] = time.monotonic() - start
+    out["push_bytes"] = sum(p.stat().st_size for p in second.glob("*.safetensors"))
+    start = time.monotonic()
+    out["weight_version_read_back"] = await backend.update_weights_from_disk(str(second), 1)
+    await backend.flush_cache()
+    out["update_weights_from_disk_s"] = time.monotonic() - start
+    after = await backend.generate(PromptIds(prompt), params)
+    out["generation_policy_version"] = after.policy_version
+    out["logprobs_v1"] = _logprob_diff(model, prompt, after)
+    out["status"] = "ok" if out["weight_version_read_back"] == 1 == after.policy_version else "failed"
+  finally:
+    await backend.close()
+
+
 def part_sglang(small: bool, sglang_python: str | None, workdir: pathlib.Path, budget_s: float) -> dict[str, Any]:
   if small:
     return {"status": "skipped", "reason": "--small: real SGLang needs its CUDA build and a GPU"}
   if not sglang_python or not pathlib.Path(sglang_python).exists():
     return {"status": "skipped", "reason": f"no SGLang interpreter ({sglang_python!r}): its install failed or ran out of time"}
   import asyncio  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from clawjax.generation import SamplingParams  # pylint: disable=import-outside-toplevel
   from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel
   from clawjax.models.loading import load_model  # pylint: disable=import-outside-toplevel
-  from clawjax.serving.backends.base import PromptIds, create_backend  # pylint: disable=import-outside-toplevel
+  from clawjax.serving.backends.base import create_backend  # pylint: disable=import-outside-toplevel
   from clawjax.serving.vllm_cpu import wait_healthy  # pylint: disable=import-outside-toplevel
   deadline = time.monotonic() + budget_s - 10
   model = load_model("qwen3-0.6b", random_init=True, dtype="bfloat16", param_dtype="float32").model
@@ -237,41 +266,17 @@ def part_sglang(small: bool, sglang_python: str | None, workdir: pathlib.Path, b
     start = time.monotonic()
     wait_healthy(proc, url, timeout_s=deadline - start, name="SGLang")
     out["startup_s"] = time.monotonic() - start
-    backend = create_backend("sglang", url=url)
-    prompt = list(range(1000, 1064))
-    params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=0)
-
-    async def generate():
-      return await backend.generate(PromptIds(prompt), params)
-
-    out["logprobs_v0"] = _logprob_diff(model, prompt, asyncio.run(generate()))
-    # A push: the weights moved (as an update moves them), exported as the trainer's push exports them.
-    keys = iter(jax.random.split(jax.random.key(1), 10_000))
-    nnx.update(model, jax.tree.map(lambda x: x + 0.01 * jax.random.normal(next(keys), x.shape, x.dtype),
-                                   nnx.state(model, nnx.Param)))
-    start = time.monotonic()
-    second = hf_io.save(model, workdir / "sglang_v1", dtype=hf_io.push_dtype(model.cfg))
-    out["push_export_s"] = time.monotonic() - start
-    out["push_bytes"] = sum(p.stat().st_size for p in second.glob("*.safetensors"))
-
-    async def push():
-      got = await backend.update_weights_from_disk(str(second), 1)
-      await backend.flush_cache()
-      return got
-
-    start = time.monotonic()
-    out["weight_version_read_back"] = asyncio.run(push())
-    out["update_weights_from_disk_s"] = time.monotonic() - start
-    after = asyncio.run(generate())
-    out["generation_policy_version"] = after.policy_version
-    out["logprobs_v1"] = _logprob_diff(model, prompt, after)
-    out["status"] = "ok" if out["weight_version_read_back"] == 1 == after.policy_version else "failed"
+    asyncio.run(_exchange(create_backend("sglang", url=url), model, workdir, out))
+  except Exception as e:  # pylint: disable=broad-except  (recorded with what was measured before it)
+    out.update(status="failed", reason=f"{type(e).__name__}: {e}",
+               server_log_tail=log_path.read_text(errors="replace")[-2000:])
   finally:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-      proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGTERM)
+      try:
+        proc.wait(timeout=20)
+      except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
   return out
 
 
