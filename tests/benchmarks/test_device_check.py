@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -55,3 +57,30 @@ def test_parts_past_the_deadline_are_recorded_as_skipped(tmp_path):
   parts = json.loads(out.read_text())["parts"]
   assert {p["status"] for p in parts.values()} == {"skipped"} and len(parts) == 4
   assert parts["learner_mfu"]["reason"] == "out of time"
+
+
+@pytest.mark.slow
+def test_the_sglang_part_against_an_engine_that_speaks_sglangs_api(tmp_path, monkeypatch):
+  """The SGLang part's client side on the CPU: clawjax's engine server (SGLang's API) in place of
+  `sglang.launch_server` and test-tiny in place of qwen3-0.6b; served log-probs, one push, its version."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import device_check  # pylint: disable=import-outside-toplevel
+  from clawjax.models import loading  # pylint: disable=import-outside-toplevel
+  from clawjax.serving.backends import base  # pylint: disable=import-outside-toplevel
+  load, create, popen = loading.load_model, base.create_backend, subprocess.Popen
+  monkeypatch.setenv("CLAWJAX_ADMIN_TOKEN", "test-admin")  # our server guards its weight update
+  monkeypatch.setattr(loading, "load_model", lambda spec, **kw: load("test-tiny", **kw))
+  monkeypatch.setattr(base, "create_backend", lambda name, **kw: create(name, admin_api_key="test-admin", **kw))
+
+  def engine_server(cmd, **kw):
+    model, port = cmd[cmd.index("--model-path") + 1], cmd[cmd.index("--port") + 1]
+    return popen([sys.executable, "-m", "clawjax.engine", "--model", model, "--port", port], **kw)
+
+  monkeypatch.setattr(device_check.subprocess, "Popen", engine_server)
+  out = device_check.part_sglang(False, sys.executable, tmp_path, budget_s=300)
+  assert out["status"] == "ok", out
+  assert out["weight_version_read_back"] == 1 == out["generation_policy_version"]
+  assert out["push_bytes"] > 0 and out["update_weights_from_disk_s"] > 0
+  for key in ("logprobs_v0", "logprobs_v1"):
+    # The server computes in f32 from the bf16 export, the model in bf16: close, not equal.
+    assert out[key]["tokens"] == 32 and out[key]["max_abs_diff"] < 0.2
