@@ -12,6 +12,10 @@ splits is ever read whole (a 30B checkpoint never materialises on one host).
 
 `save` of a model spread over several processes (clawjax.distributed) is written by all of them: each
 tensor is gathered whole once and written by one process, the files spread over the processes.
+
+`save(..., dtype=push_dtype(model.cfg))` writes the weights in the dtype the model computes with when it
+stores them wider (bf16 compute over f32 master weights): the exact values every matmul and norm of its
+forward uses, in half the bytes, which is what an engine needs from a weight push.
 """
 
 from __future__ import annotations
@@ -275,16 +279,32 @@ def _exported(model: Decoder) -> list[tuple[_Entry, jax.Array]]:
   return [(entry, params[entry.path]) for entry in _entries(model.cfg)]
 
 
-def _nbytes(entry: _Entry, param: jax.Array) -> int:
+def _nbytes(entry: _Entry, param: jax.Array, dtype: str | None) -> int:
   shape = param.shape[1:] if entry.expert is not None else param.shape
-  return math.prod(shape) * param.dtype.itemsize
+  return math.prod(shape) * jnp.dtype(dtype or param.dtype).itemsize
 
 
-def _hf_layout(entry: _Entry, w: np.ndarray) -> np.ndarray:
-  """One of our params (a host copy) as its HF tensor: a Linear's [in..., out...] becomes W [out, in]."""
-  if entry.in_dims:
-    w = w.reshape(math.prod(w.shape[:entry.in_dims]), -1).T
-  return np.ascontiguousarray(w)  # transposed views are not serialisable
+def push_dtype(cfg: ModelConfig) -> str:
+  """The narrower of the compute and the storage dtype: the forward casts every param (norm scales,
+  embedding and router included) to `cfg.dtype` before use, so an engine given these values computes
+  with exactly the learner's weights; with bf16 compute over f32 params that halves a push's bytes."""
+  return min((cfg.dtype, cfg.param_dtype), key=lambda d: jnp.dtype(d).itemsize)
+
+
+def _layout(w: jax.Array, in_dims: int, dtype: str | None) -> jax.Array:
+  """One of our params as its HF tensor: a Linear's [in..., out...] becomes W [out, in], cast to `dtype`
+  (None: kept). Done on the devices, not the host: XLA's transpose is several times faster than numpy's
+  strided copy (most of an export's time on CPU), and the host receives contiguous bytes."""
+  if in_dims:
+    w = w.reshape(math.prod(w.shape[:in_dims]), -1).T
+  return w.astype(dtype) if dtype else w
+
+
+_hf_layout = jax.jit(_layout, static_argnames=("in_dims", "dtype"))
+# One expert of a param of all experts; the index is traced, so one program serves every expert (an
+# eager slice per expert costs a dispatch each: ~18K of them for Qwen3-30B-A3B).
+_expert_hf_layout = jax.jit(lambda w, e, in_dims, dtype: _layout(jax.lax.dynamic_index_in_dim(w, e, keepdims=False),
+                                                                in_dims, dtype), static_argnames=("in_dims", "dtype"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,9 +348,11 @@ def plan_files(sizes: Sequence[tuple[str, int]], processes: int, max_shard_bytes
 
 
 def save(model: Decoder, out_dir: str | pathlib.Path, *, max_shard_bytes: int = 5 * 2**30,
-         copy_files_from: str | pathlib.Path | None = None) -> pathlib.Path:
+         copy_files_from: str | pathlib.Path | None = None, dtype: str | None = None) -> pathlib.Path:
   """Writes config.json and safetensors (sharded with an index above `max_shard_bytes`, HF's default
   5 GiB) in the HF layout; copies tokenizer/chat-template files from `copy_files_from` if given.
+  `dtype` (e.g. "bfloat16", `push_dtype(model.cfg)`): every tensor cast to it (rounded to nearest, on
+  the devices, before any gather) and config.json's torch_dtype set to it; None keeps the params' own.
 
   A model whose params are spread over several processes (the learner's in a multi-process run) is
   written by all of them together: every process calls `save` with the same `out_dir`, on a filesystem
@@ -340,6 +362,7 @@ def save(model: Decoder, out_dir: str | pathlib.Path, *, max_shard_bytes: int = 
   once every file is written."""
   out_dir = pathlib.Path(out_dir)
   exported = _exported(model)
+  dtype = jnp.dtype(dtype).name if dtype else None
   spread = any(not param.is_fully_addressable for _, param in exported)
   processes, me = (distributed.process_count(), distributed.process_index()) if spread else (1, 0)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -348,17 +371,19 @@ def save(model: Decoder, out_dir: str | pathlib.Path, *, max_shard_bytes: int = 
       stale.unlink(missing_ok=True)
   if spread:
     distributed.sync("hf_io.save: out_dir cleared")
-  sizes = [(entry.hf_name, _nbytes(entry, param)) for entry, param in exported]
+  sizes = [(entry.hf_name, _nbytes(entry, param, dtype)) for entry, param in exported]
   files = plan_files(sizes, processes, max_shard_bytes)
   file_of = {name: f for f in files for name in f.tensors}
   held: dict[str, dict[str, np.ndarray]] = {}
   for entry, param in exported:
     # Gathered on every process (a collective when spread), one expert at a time; kept by the writer only.
-    whole = distributed.gather(param if entry.expert is None else param[entry.expert])
+    tensor = (_hf_layout(param, entry.in_dims, dtype) if entry.expert is None
+              else _expert_hf_layout(param, entry.expert, entry.in_dims, dtype))
+    whole = distributed.gather(tensor)
     f = file_of[entry.hf_name]
     if f.owner != me:
       continue
-    held.setdefault(f.name, {})[entry.hf_name] = _hf_layout(entry, whole)
+    held.setdefault(f.name, {})[entry.hf_name] = whole
     if len(held[f.name]) == len(f.tensors):
       save_file(held.pop(f.name), out_dir / f.name, metadata={"format": "pt"})
   if me == 0:
@@ -366,7 +391,8 @@ def save(model: Decoder, out_dir: str | pathlib.Path, *, max_shard_bytes: int = 
       index = {"metadata": {"total_size": sum(n for _, n in sizes)},
                "weight_map": {name: f.name for f in files for name in f.tensors}}
       (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (out_dir / "config.json").write_text(json.dumps(model.cfg.to_hf_config(), indent=2) + "\n")
+    hf_config = {**model.cfg.to_hf_config(), **({"torch_dtype": dtype} if dtype else {})}
+    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     if copy_files_from is not None:
       for name in SIDE_FILES:
         src = pathlib.Path(copy_files_from) / name

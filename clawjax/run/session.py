@@ -228,7 +228,9 @@ class PolicySession:
       from clawjax import distributed
       from clawjax.models import hf_io
       out = self._export_root / f"version_{version}"
-      hf_io.save(model, out)  # in a multi-process run every process writes its share of the tensors
+      # In a multi-process run every process writes its share of the tensors; in the dtype the policy
+      # computes with (bf16 over f32 master weights: half the bytes, the same forward).
+      hf_io.save(model, out, dtype=hf_io.push_dtype(model.cfg))
       problem = None
       if distributed.is_primary():  # the engines are the run's, not a process's: one process updates them
         try:

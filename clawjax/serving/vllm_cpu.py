@@ -205,12 +205,13 @@ def serve(model_dir: str | os.PathLike[str], port: int, *, max_model_len: int = 
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 600.0) -> None:
-  """Waits for `url`/health to answer 200; raises RuntimeError if the server exits or times out."""
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 600.0, name: str = "vLLM") -> None:
+  """Waits for `url`/health to answer 200; raises RuntimeError if the server (`name`: SGLang's too, which
+  answers the same route) exits or times out."""
   deadline = time.monotonic() + timeout_s
   while time.monotonic() < deadline:
     if proc.poll() is not None:
-      raise RuntimeError(f"vLLM exited with {proc.returncode} before it was up")
+      raise RuntimeError(f"{name} exited with {proc.returncode} before it was up")
     try:
       with urllib.request.urlopen(url + "/health", timeout=5) as resp:
         if resp.status == 200:
@@ -218,7 +219,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float = 600.0) -> 
     except (urllib.error.URLError, OSError):
       pass
     time.sleep(1.0)
-  raise RuntimeError(f"vLLM at {url} was not up after {timeout_s:.0f} s")
+  raise RuntimeError(f"{name} at {url} was not up after {timeout_s:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

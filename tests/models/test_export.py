@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
 
 from clawjax import config as config_lib
 from clawjax.models import hf_io
@@ -74,3 +75,26 @@ def test_a_checkpoint_of_another_architecture_is_named(tmp_path, capsys):
   assert "state: the checkpoint lacks ['params.policy.layers.2." in capsys.readouterr().err
   with pytest.raises(ValueError, match="not a checkpoint step directory"):
     export(run / "checkpoints", tmp_path / "y", run / "config.json")
+
+
+@pytest.mark.parametrize("name", ["test-tiny", "test-tiny-moe"])
+def test_a_push_export_in_the_compute_dtype_serves_the_same_forward(name, tmp_path):
+  """bf16 compute over f32 master weights: the push writes bf16 (half the bytes), and a model loaded from
+  it computes exactly the learner's logits, as every param is cast to bf16 before use anyway."""
+  model = load_model(name, seed=1, dtype="bfloat16", param_dtype="float32").model
+  assert hf_io.push_dtype(model.cfg) == "bfloat16"
+  assert hf_io.push_dtype(load_model(name, seed=1).model.cfg) == "float32"  # f32 compute: all bits kept
+  wide, narrow = hf_io.save(model, tmp_path / "f32"), hf_io.save(model, tmp_path / "bf16", dtype="bfloat16")
+  size = lambda d: (d / "model.safetensors").stat().st_size  # noqa: E731
+  assert 0.49 < size(narrow) / size(wide) < 0.51
+  assert json.loads((narrow / "config.json").read_text())["torch_dtype"] == "bfloat16"
+  with safe_open(narrow / "model.safetensors", "np") as f:
+    assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+  # Each tensor is the f32 one rounded to nearest bf16.
+  with safe_open(wide / "model.safetensors", "np") as f32, safe_open(narrow / "model.safetensors", "np") as bf16:
+    for key in f32.keys():
+      np.testing.assert_array_equal(bf16.get_tensor(key), f32.get_tensor(key).astype(jnp.bfloat16), err_msg=key)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 500, size=(2, 16), dtype=np.int32))
+  served = hf_io.load(narrow, dtype="bfloat16", param_dtype="float32")
+  np.testing.assert_array_equal(np.asarray(forward(served, *causal_inputs(tokens))),
+                                np.asarray(forward(model, *causal_inputs(tokens))))
