@@ -56,9 +56,10 @@ class LearnerConfig:
   normalisation: str = "unique"    # "unique": a shared prefix token counts once; "paths": mean over paths
   micro_batches: int = 1           # micro-batches per batch: rows split evenly, gradients accumulated
   # Several optimizer updates per batch (PPO-style reuse), pi_old / V_old / pi_ref frozen before the
-  # first: `epochs` passes over the batch, each of `minibatches` updates. A minibatch is a group of
-  # micro_batches / minibatches micro-batches (so minibatches must divide micro_batches; micro_batches
-  # keeps its memory meaning), normalised by its own weight sum. Whole rows: a tree is never split.
+  # first: `epochs` passes over the batch, each of `minibatches` updates. A minibatch is 1/minibatches of
+  # the batch's rows (each process's rows split evenly, in order), laid out as micro_batches / minibatches
+  # micro-batches (so minibatches must divide micro_batches, which only sets memory: it never changes
+  # which rows form a minibatch), normalised by its own weight sum. Whole rows: a tree is never split.
   epochs: int = 1                  # 1 = a single pass (PPO paper, Schulman et al. 2017: 3 Atari, 10 MuJoCo)
   minibatches: int = 1             # optimizer updates per epoch
   shuffle: bool = False            # per epoch, deal whole rows into minibatches by a random permutation

@@ -1,16 +1,22 @@
-"""PackedBatch -> the arrays one train step consumes: micro-batch split and loss tokens compacted.
+"""PackedBatch -> the arrays one train step consumes: rows laid out in micro-batches, loss tokens compacted.
 
 The vocab projection is the learner's largest activation (64K tokens x 151K vocab), so it is only done
 for trained tokens: each row lists its loss tokens in K slots (`pred_index` = the parent whose hidden
-state predicts the token), padded with weight 0. Rows are padded to a multiple of
-micro_batches x batch shards with empty rows, then split into micro-batches: shapes [M, rows/M, T] and
-[M, rows/M, K].
+state predicts the token), padded with weight 0.
+
+Rows are laid out by `RowLayout`: a global batch is every process's rows (one process: the batch's own),
+cut into `minibatches` runs, each process's rows split evenly over them in order; minibatch k is the
+micro-batches k x M/minibatches .. (k+1) x M/minibatches - 1, over every row shard. Only then are the
+slots padded with empty rows, to a whole number per micro-batch and row shard. So which rows form a
+minibatch depends on the rows and `minibatches` only, never on `micro_batches` or the row shards (a memory
+and a mesh setting). Shapes: [M, rows, T] and [M, rows, K], rows = row shards x rows per slot.
 
 In a run of several processes each prepares only its own rows; the shapes must still agree, since the
 processes' rows become one global array: `BatchShape` is what one process's batch needs, and
-`agree_shapes` the shapes every process pads to (the most rows, row length and loss slots any process
-needs, batch by batch; a process with fewer batches pads with batches of empty rows, `empty_batch`).
-Empty rows carry no weight, so they change neither the loss nor its normaliser.
+`agree_shapes` the layout and sizes every process pads to (every process's rows, the longest row and the
+most loss slots any process needs, batch by batch; a process with fewer batches contributes none, its
+slots all empty rows, `empty_batch`). Empty rows carry no weight, so they change neither the loss nor its
+normaliser.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class DeviceBatch:
   logp_rollout: np.ndarray  # [M, r, K] float32
   advantages: np.ndarray    # [M, r, K] float32
   returns: np.ndarray       # [M, r, K] float32
+  row_order: np.ndarray     # [M, r] int32 the row's place in `RowLayout.order`; -1 on padding rows
 
 
 def _weight_RT(batch: PackedBatch, normalisation: str) -> np.ndarray:
@@ -49,32 +56,89 @@ def loss_slots_needed(batch: PackedBatch, normalisation: str, chunk: int) -> int
   return -(-max(most, 1) // chunk) * chunk
 
 
+def process_share(rows: int, processes: int, process: int) -> int:
+  """This process's share of a global batch of `rows` rows: rows / processes, the first rows % processes
+  processes one more. Every process needs one: it feeds rows of its own data only."""
+  if rows < processes:
+    raise ValueError(f"a batch of {rows} rows cannot be shared by {processes} processes: each feeds rows of "
+                     f"its own, so use at least {processes} rows")
+  return rows // processes + (process < rows % processes)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+  """Where the rows of a global batch go. `counts`: the rows of each process (its own, in its order).
+  Each process's rows are split evenly into `minibatches` runs (the first ones a row longer); the global
+  order (`order`) is minibatch by minibatch, in a minibatch process by process. A minibatch's slots are
+  its micro_batches / minibatches micro-batches x the process's row shards x `per_slot` rows; a process's
+  rows fill them shard by shard, the rest are empty rows."""
+  counts: tuple[int, ...]
+  minibatches: int = 1
+  micro_batches: int = 1
+  local_shards: int = 1     # row shards per process (every process holds as many)
+
+  def sizes(self, process: int) -> list[int]:
+    """The rows of `process` in each minibatch."""
+    n, b = self.counts[process], self.minibatches
+    return [n // b + (k < n % b) for k in range(b)]
+
+  @property
+  def per_slot(self) -> int:
+    """Rows of one micro-batch on one row shard: room for the most rows a process has in a minibatch."""
+    most = max(max(self.sizes(p)) for p in range(len(self.counts)))
+    slots = self.micro_batches // self.minibatches * self.local_shards
+    return max(1, -(-most // slots))
+
+  def slots(self, process: int) -> np.ndarray:
+    """[M, local_shards x per_slot]: which of the process's rows each slot holds, -1 for an empty row."""
+    micro, r = self.micro_batches // self.minibatches, self.per_slot
+    out = np.full((self.micro_batches, self.local_shards * r), -1, np.int32)
+    start = 0
+    for k, size in enumerate(self.sizes(process)):
+      j = np.arange(size)
+      out[k * micro + (j // r) % micro, j // (micro * r) * r + j % r] = start + j
+      start += size
+    return out
+
+  def order(self) -> list[np.ndarray]:
+    """Per process, each of its rows' place in the global order (one process: 0, 1, 2, ...)."""
+    sizes = np.array([self.sizes(p) for p in range(len(self.counts))], np.int64)  # [P, minibatches]
+    first = (np.cumsum(sizes.T.reshape(-1)) - sizes.T.reshape(-1)).reshape(sizes.T.shape).T  # [P, minibatches]
+    return [np.concatenate([first[p, k] + np.arange(sizes[p, k]) for k in range(self.minibatches)]).astype(np.int32)
+            for p in range(len(self.counts))]
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchShape:
-  """The padded size of one prepared batch: `rows` (a multiple of micro-batches x row shards), the row
-  length T and the loss slots K per row."""
+  """What one process's batch needs: its `rows`, the row length T and the loss slots K per row."""
   rows: int
   length: int
   loss_slots: int
 
 
-def batch_shape(batch: PackedBatch, *, normalisation: str, micro_batches: int, row_multiple: int = 1,
-                chunk: int = 512) -> BatchShape:
-  """The smallest shape `batch` fits: rows rounded up to a multiple of micro_batches x row_multiple."""
-  step = micro_batches * row_multiple
+def batch_shape(batch: PackedBatch, *, normalisation: str, chunk: int = 512) -> BatchShape:
   rows, length = batch.shape
-  return BatchShape(-(-rows // step) * step, length, loss_slots_needed(batch, normalisation, chunk))
+  return BatchShape(rows, length, loss_slots_needed(batch, normalisation, chunk))
 
 
-def agree_shapes(per_process: Sequence[Sequence[BatchShape]]) -> list[BatchShape]:
-  """The shapes every process prepares its batches in, given each process's own list: as many batches as
-  the longest list, batch i as large as the largest batch i in any dimension (every process passes the
-  same row multiple, so the most rows are a multiple of it)."""
+@dataclasses.dataclass(frozen=True)
+class GlobalShape:
+  """One batch of the global step: every process's rows (0 for a process without this batch), and the row
+  length and loss slots every process pads to."""
+  counts: tuple[int, ...]
+  length: int
+  loss_slots: int
+
+
+def agree_shapes(per_process: Sequence[Sequence[BatchShape]]) -> list[GlobalShape]:
+  """The global batches, given each process's own list: as many as the longest list, batch i as long and
+  with as many loss slots as the largest batch i of any process."""
   count = max((len(shapes) for shapes in per_process), default=0)
   out = []
   for i in range(count):
     shapes = [shapes[i] for shapes in per_process if i < len(shapes)]
-    out.append(BatchShape(*(max(getattr(s, f.name) for s in shapes) for f in dataclasses.fields(BatchShape))))
+    out.append(GlobalShape(tuple(shapes[i].rows if i < len(shapes) else 0 for shapes in per_process),
+                           max(s.length for s in shapes), max(s.loss_slots for s in shapes)))
   return out
 
 
@@ -88,36 +152,39 @@ def _empty_rows(rows: int, length: int, loss_slots: int) -> dict[str, np.ndarray
               advantages=rk(np.float32), returns=rk(np.float32))
 
 
-def _split(fields: dict[str, np.ndarray], micro_batches: int) -> DeviceBatch:
-  return DeviceBatch(**{n: a.reshape(micro_batches, a.shape[0] // micro_batches, *a.shape[1:])
-                        for n, a in fields.items()})
+def _lay_out(fields: dict[str, np.ndarray], layout: RowLayout, process: int) -> DeviceBatch:
+  """The process's rows (`fields`, one empty row appended) placed in its slots; empty rows elsewhere."""
+  slots_MR = layout.slots(process)
+  order = np.append(layout.order()[process], -1).astype(np.int32)
+  return DeviceBatch(**{n: a[slots_MR] for n, a in fields.items()}, row_order=order[slots_MR])
 
 
-def empty_batch(shape: BatchShape, micro_batches: int) -> DeviceBatch:
-  """A batch of `shape` with empty rows only (what a process without rows for a step contributes)."""
-  return _split(_empty_rows(shape.rows, shape.length, shape.loss_slots), micro_batches)
+def empty_batch(layout: RowLayout, process: int, length: int, loss_slots: int) -> DeviceBatch:
+  """The process's slots of `layout`, all empty rows (what a process without rows for a batch contributes)."""
+  if layout.counts[process]:
+    raise ValueError(f"empty_batch: process {process} has {layout.counts[process]} rows in {layout}")
+  return _lay_out(_empty_rows(1, length, loss_slots), layout, process)
 
 
-def prepare_batch(batch: PackedBatch, *, normalisation: str, micro_batches: int, row_multiple: int = 1,
-                  chunk: int = 512, shape: BatchShape | None = None) -> DeviceBatch:
-  """Compact and split `batch`, padded to `shape` (default: `batch_shape`, the smallest it fits). A shape
-  fixed across batches (more rows, a longer row, more loss slots K) avoids a recompile per batch shape."""
+def prepare_batch(batch: PackedBatch, layout: RowLayout, *, normalisation: str, chunk: int = 512, process: int = 0,
+                  length: int | None = None, loss_slots: int | None = None) -> DeviceBatch:
+  """Compact `batch` (the rows of `process` in `layout`) and lay it out, each row padded to `length`
+  tokens and `loss_slots` slots (default: the least it needs). A length and slot count fixed across
+  batches avoid a recompile per batch shape."""
   weight_RT = _weight_RT(batch, normalisation)
   mask_RT = weight_RT > 0
   if (mask_RT & (batch.parent_index_RT < 0)).any():
     r, t = np.argwhere(mask_RT & (batch.parent_index_RT < 0))[0]
     raise ValueError(f"PackedBatch: loss token at row {r}, position {t} has parent_index -1")
-  rows, length = batch.shape
+  rows, row_len = batch.shape
   counts = mask_RT.sum(axis=1)
-  fits = batch_shape(batch, normalisation=normalisation, micro_batches=micro_batches, row_multiple=row_multiple,
-                     chunk=chunk)
-  shape = shape or fits
-  k = shape.loss_slots
+  length = row_len if length is None else length
+  k = loss_slots_needed(batch, normalisation, chunk) if loss_slots is None else loss_slots
   if counts.max(initial=0) > k:
     raise ValueError(f"a row has {counts.max()} loss tokens, more than loss_slots={k}")
-  if shape.rows < fits.rows or shape.rows % (micro_batches * row_multiple) or shape.length < length:
-    raise ValueError(f"a batch of {rows} rows x {length} tokens does not fit {shape} "
-                     f"({micro_batches} micro-batches x {row_multiple} row shards)")
+  if rows != layout.counts[process] or length < row_len:
+    raise ValueError(f"a batch of {rows} rows x {row_len} tokens does not fit process {process}'s "
+                     f"{layout.counts[process]} rows of {length} tokens in {layout}")
 
   idx = np.zeros((rows, k), np.int32)
   valid = np.zeros((rows, k), bool)
@@ -129,12 +196,12 @@ def prepare_batch(batch: PackedBatch, *, normalisation: str, micro_batches: int,
   def rk(x_RT: np.ndarray) -> np.ndarray:
     return np.where(valid, np.take_along_axis(x_RT, idx, axis=1), 0)
 
-  fields = _empty_rows(shape.rows, shape.length, k)
+  fields = _empty_rows(rows + 1, length, k)  # the last row stays empty: every padding slot's
   for name, x in dict(tokens=batch.tokens_RT, positions=batch.positions_RT, segment_ids=batch.segment_ids_RT,
                       subtree_end=batch.subtree_end_RT).items():
-    fields[name][:rows, :length] = x
+    fields[name][:rows, :row_len] = x
   for name, x in dict(pred_index=np.maximum(rk(batch.parent_index_RT), 0), targets=rk(batch.tokens_RT),
                       weight=rk(weight_RT), logp_rollout=rk(batch.rollout_logprobs_RT),
                       advantages=rk(batch.advantages_RT), returns=rk(batch.returns_RT)).items():
     fields[name][:rows] = x
-  return _split(fields, micro_batches)
+  return _lay_out(fields, layout, process)

@@ -1,30 +1,36 @@
 """The sharded train step: pi_old pass, then epochs x minibatches optimizer updates with accumulation.
 
-One `Learner.step(packed_batch)` is one jitted call over a Mesh:
-  1. pi_old pass (no gradient, micro-batch by micro-batch): logp_old with the current params, V_old and
-     log pi_ref where needed, frozen for every update of the step. TIS weights
-     w_t = min(exp(logp_old - logp_rollout), c_bar) come from it.
+One `Learner.step(packed_batch)` is two jitted calls over a Mesh:
+  1. pi_old pass (`old_pass`, no gradient, micro-batch by micro-batch): logp_old with the current params,
+     V_old and log pi_ref where needed, frozen for every update of the step. TIS weights
+     w_t = min(exp(logp_old - logp_rollout), c_bar) come from it. An RL step of several packed batches
+     passes each batch the pass made before its first update (`step(batch, old)`,
+     clawjax.train.steps.update): pi_old is the policy the step started from, as in verl, slime and AReaL.
   2. `epochs` passes over the batch (a scan), each a scan over `minibatches` optimizer updates. A
-     minibatch is a group of consecutive micro-batches (whole rows: tokens of a tree row share prefixes),
-     or with `shuffle` a random deal of whole rows per epoch. Each update: a scan over the minibatch's
-     micro-batches, each adding sum(weight * token_loss) / N to the loss and its gradient, N = the weight
-     sum over the *minibatch*, so k micro-batches equal one big minibatch; then clip and optimizer update.
-     The defaults (1 epoch, 1 minibatch) are one update on the whole batch. A minibatch of padding rows
-     only still steps the optimizer with a zero gradient, as an empty batch always did.
+     minibatch is a run of the batch's rows (whole rows: tokens of a tree row share prefixes; each
+     process's rows split evenly, clawjax.rl.device_batch.RowLayout) laid out as consecutive
+     micro-batches, or with `shuffle` a random deal of whole rows per epoch keyed by the rows' places in
+     the batch: neither depends on `micro_batches` or the row shards. Each update: a scan over the
+     minibatch's micro-batches, each adding sum(weight * token_loss) / N to the loss and its gradient,
+     N = the weight sum over the *minibatch*, so k micro-batches equal one big minibatch; then clip and
+     optimizer update. The defaults (1 epoch, 1 minibatch) are one update on the whole batch. A
+     minibatch without loss tokens (padding rows only) is not an update: AdamW would still move the
+     weights (moments, weight decay), so parameters and optimizer state are left as they were and it is
+     not counted.
   3. Metrics: each loss metric is its weighted mean over the first epoch (every loss token once, seen
-     by the params of its minibatch's update: with one minibatch the pre-update values, ratio 1), with
+     by the params of its minibatch's update: with one minibatch the step's first params), with
      `<name>_last` over the last epoch when epochs > 1; grad_norm (the policy's) and value_grad_norm
-     (the critic's) are means over an epoch's updates; `updates` counts optimizer updates applied and
-     `skipped_updates` those skipped. The train state's buffers are donated.
+     (the critic's) are means over an epoch's updates with loss tokens; `updates` counts optimizer
+     updates applied and `skipped_updates` those skipped. The train state's buffers are donated.
 The policy and the critic have an optimizer each (learning rates `lr` and `value.lr`, each clipped by
 its own gradient norm). An update whose loss or gradient is not finite is skipped: parameters and
 optimizer state are left exactly as they were.
 Params and optimizer state are laid out by clawjax.sharding's logical-axis rules; batch rows are split
 over the data and fsdp mesh axes. In a run of several processes (clawjax.distributed) the mesh spans
 every process's devices and each process prepares only its own rows (`prepare_all`); N is the weight sum
-over the global batch, so the step equals the one-process step on the same rows. A caller that splits
-one global batch over the processes feeds each process the rows `process_rows` names: the global array
-is then the one-process batch, row for row.
+over the global batch, so the step equals the one-process step on the same rows (up to float32
+summation order). A caller that splits one global batch over the processes feeds each process the rows
+`process_rows` names: every minibatch then holds the rows of the one-process step.
 `loss(batch)` is the loss at the current params without a gradient (a held-out loss): one forward pass
 per micro-batch, whose outputs also stand for pi_old (the same params).
 """
@@ -32,7 +38,6 @@ per micro-batch, whose outputs also stand for pi_old (the same params).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -45,7 +50,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clawjax import distributed, sharding
 from clawjax.rl.config import LearnerConfig
-from clawjax.rl.device_batch import BatchShape, DeviceBatch, agree_shapes, batch_shape, empty_batch, prepare_batch
+from clawjax.rl.device_batch import (BatchShape, DeviceBatch, RowLayout, agree_shapes, batch_shape, empty_batch,
+                                     prepare_batch, process_share)
 from clawjax.rl.logprobs import gather_rows, token_logprobs
 from clawjax.rl.losses import TokenInputs, check_loss, tis_weights, value_loss
 from clawjax.rl.value import values_at
@@ -57,7 +63,7 @@ from clawjax.tree.batch import PackedBatch
 class TrainState:
   params: dict[str, nnx.State]      # "policy", and "value" when the config has a critic
   opt_state: Any
-  step: jax.Array                   # int32 scalar: optimizer updates done (epochs x minibatches a step)
+  step: jax.Array                   # int32 scalar: optimizer updates applied (epochs x minibatches a step at most)
   rng: jax.Array                    # uint32[2] raw PRNG key; the step's key goes to the loss
   ref_params: nnx.State | None      # frozen initial policy for the KL term (kl_coef > 0), else None
   value_opt_state: Any = None       # optimizer state of value pretraining (critic params only)
@@ -108,10 +114,22 @@ def _scan_sum(fn, xs: Any) -> Any:
   return jax.lax.scan(body, zeros, xs)[0]
 
 
-def _deal_rows(perm: jax.Array, x: jax.Array) -> jax.Array:
-  """[M, r, ...] -> the same shape with its M x r rows reordered by `perm` (rows stay whole)."""
-  rows = x.reshape(-1, *x.shape[2:])
-  return jnp.take(rows, perm, axis=0).reshape(x.shape)
+def _flat_rows(x: jax.Array) -> jax.Array:
+  """[M, r, ...] -> [M x r, ...]."""
+  return x.reshape(-1, *x.shape[2:])
+
+
+def _shuffled_rows(key: jax.Array, row_order: jax.Array) -> jax.Array:
+  """An epoch's deal of whole rows into minibatches, as indices into the [M x r] rows: the rows sorted by
+  a uniform draw keyed by their place in the global order (fold_in(key, place)) take the places in that
+  order, so the slot of place g gets the row drawn g-th; empty padding rows stay where they are. The
+  deal depends on the key and the rows' places only, not on micro-batches or row shards."""
+  order = row_order.reshape(-1)
+  real = order >= 0
+  place = jnp.maximum(order, 0)
+  draw = jax.vmap(lambda g: jax.random.uniform(jax.random.fold_in(key, g)))(place)
+  drawn = jnp.argsort(jnp.where(real, draw, jnp.inf))  # the rows in draw order, padding last
+  return jnp.where(real, drawn[place], jnp.arange(order.size))
 
 
 class Learner:
@@ -159,11 +177,15 @@ class Learner:
     self.state: TrainState = jax.device_put(state, self.state_sharding)
     self.rest = jax.device_put((self.policy_rest, self.value_rest), replicated)
 
-    batch_sh = DeviceBatch(*[sharding.batch_sharding(self.mesh, 3, leading=1)] * len(dataclasses.fields(DeviceBatch)))
+    batch_sh = DeviceBatch(**{f.name: sharding.batch_sharding(self.mesh, 2 if f.name == "row_order" else 3, leading=1)
+                              for f in dataclasses.fields(DeviceBatch)})
     self.batch_sharding = batch_sh
+    old_sh = sharding.batch_sharding(self.mesh, 3, leading=1)  # pi_old and the like: [M, r, K] as the batch's
     self._row_shards = sharding.local_row_shards(self.mesh)  # the row shards this process feeds
     traced = lambda fn: sharding.under_mesh(fn, self.mesh, rules)  # activation constraints active
-    self._train = jax.jit(traced(self._train_fn), in_shardings=(self.state_sharding, batch_sh, None),
+    self._old = jax.jit(traced(self._old_pass), in_shardings=(self.state_sharding, batch_sh, None),
+                        out_shardings=old_sh)
+    self._train = jax.jit(traced(self._train_fn), in_shardings=(self.state_sharding, batch_sh, None, old_sh),
                           out_shardings=(self.state_sharding, replicated), donate_argnums=0)
     self._loss_and_grads = jax.jit(traced(self._loss_and_grads_fn),
                                    in_shardings=(self.state_sharding, batch_sh, None),
@@ -176,7 +198,7 @@ class Learner:
   # ---- host API -------------------------------------------------------------------------------------
 
   def prepare(self, batch: PackedBatch) -> DeviceBatch:
-    """Host-side: compact, pad and split a PackedBatch, then place it on the mesh. The loss slots per
+    """Host-side: compact and lay out a PackedBatch, then place it on the mesh. The loss slots per
     row only grow, to the most any batch so far needed (in logits_chunk steps), so that the step
     compiles for a few shapes, not one per batch. With several processes every process calls it at the
     same point, each with its own rows (`prepare_all`)."""
@@ -187,38 +209,50 @@ class Learner:
 
     With several processes, every process calls it once per RL step with its own batches (its groups'
     rows; any number, none included) and gets the same number back: the most any process passed. Batch
-    i of the global step is every process's batch i, each padded with empty rows to the rows, row length
-    and loss slots that the largest needs; a process with fewer batches contributes empty rows only. No
-    process holds the others' rows; each global array is assembled from the processes' own parts
-    (`jax.make_array_from_process_local_data`)."""
+    i of the global step is every process's batch i, laid out by `RowLayout` (each process's rows split
+    evenly over the minibatches) and padded to the row length and loss slots that the largest needs; a
+    process with fewer batches contributes empty rows only. No process holds the others' rows; each
+    global array is assembled from the processes' own parts (`jax.make_array_from_process_local_data`)."""
     cfg = self.cfg
-    layout = dict(normalisation=cfg.normalisation, micro_batches=cfg.micro_batches,
-                  row_multiple=len(self._row_shards))
-    own = [batch_shape(b, chunk=cfg.logits_chunk, **layout) for b in batches]
+    own = [batch_shape(b, normalisation=cfg.normalisation, chunk=cfg.logits_chunk) for b in batches]
     everyone = distributed.allgather_json([dataclasses.astuple(s) for s in own])
     shapes = agree_shapes([[BatchShape(*s) for s in shapes] for shapes in everyone])
     self._loss_slots = max([self._loss_slots] + [s.loss_slots for s in shapes])
-    shapes = [dataclasses.replace(s, loss_slots=self._loss_slots) for s in shapes]
-    local = [prepare_batch(b, chunk=cfg.logits_chunk, shape=shape, **layout) for b, shape in zip(batches, shapes)]
-    local += [empty_batch(shape, cfg.micro_batches) for shape in shapes[len(batches):]]
+    process = distributed.process_index()
+    local = []
+    for i, shape in enumerate(shapes):
+      layout, size = self._layout(shape.counts), dict(length=shape.length, loss_slots=self._loss_slots)
+      local.append(prepare_batch(batches[i], layout, normalisation=cfg.normalisation, chunk=cfg.logits_chunk,
+                                 process=process, **size) if i < len(batches) else empty_batch(layout, process, **size))
     return [jax.make_array_from_process_local_data(self.batch_sharding, b) for b in local]
+
+  def _layout(self, counts: Sequence[int]) -> RowLayout:
+    """The layout of a global batch whose processes have `counts` rows."""
+    return RowLayout(tuple(counts), minibatches=self.cfg.minibatches, micro_batches=self.cfg.micro_batches,
+                     local_shards=len(self._row_shards))
 
   def process_rows(self, rows: int) -> list[int]:
     """The rows of a global batch of `rows` rows that this process feeds, in the order it passes them to
-    `prepare`: the global array the processes assemble is then the one-process batch of those rows, row
-    for row. The rows are padded with empty ones (indices >= rows) to a multiple of micro-batches x row
-    shards; micro-batch m is every row shard's m-th slice, and a process holds its row shards' slices.
-    With one process: 0 .. the padded count - 1."""
-    micro, shards = self.cfg.micro_batches, sharding.batch_shards(self.mesh)
-    per_shard = -(-rows // (micro * shards))  # rows of one micro-batch on one row shard
-    return [(m * shards + s) * per_shard + o for m in range(micro) for s in self._row_shards for o in range(per_shard)]
+    `prepare`: its share (`process_share`), chosen so that every minibatch holds the rows it holds in a
+    one-process run (exactly so when minibatches x processes divides `rows`). With one process: 0 .. rows - 1."""
+    processes = distributed.process_count()
+    layout = self._layout([process_share(rows, processes, p) for p in range(processes)])
+    return layout.order()[distributed.process_index()].tolist()
 
-  def step(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
-    """One step (epochs x minibatches updates); returns the metrics (host floats) including grad_norm,
-    updates and tokens_per_s (batch tokens per second of the whole step)."""
+  def old_pass(self, batch: PackedBatch | DeviceBatch) -> dict[str, jax.Array]:
+    """pi_old (and V_old, log pi_ref where needed) of the batch's loss tokens at the current params, for
+    `step`: a step of several batches computes each one's before the first update."""
+    batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
+    return self._old(self.state, batch, self.rest)
+
+  def step(self, batch: PackedBatch | DeviceBatch, old: dict[str, jax.Array] | None = None) -> dict[str, float]:
+    """One step (epochs x minibatches updates) against `old` (`old_pass`; default: at the current params);
+    returns the metrics (host floats) including grad_norm, updates and tokens_per_s (batch tokens per
+    second of the step, the pi_old pass included only when it is not passed in)."""
     batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
     start = time.perf_counter()
-    self.state, metrics = self._train(self.state, batch, self.rest)
+    old = self._old(self.state, batch, self.rest) if old is None else old
+    self.state, metrics = self._train(self.state, batch, self.rest, old)
     metrics = jax.device_get(metrics)
     seconds = time.perf_counter() - start
     out = {k: float(v) for k, v in metrics.items()}
@@ -347,13 +381,12 @@ class Learner:
             "mean_abs_logp_old_minus_rollout": _masked_mean(diff, batch.weight, norm),
             "max_abs_logp_old_minus_rollout": jnp.max(jnp.where(batch.weight > 0, diff, 0.0))}
 
-  def _train_fn(self, state: TrainState, batch: DeviceBatch, rest):
+  def _train_fn(self, state: TrainState, batch: DeviceBatch, rest, old: dict[str, jax.Array]):
     cfg = self.cfg
     micro = batch.tokens.shape[0]
     if micro % cfg.minibatches:
       raise ValueError(f"the DeviceBatch has {micro} micro-batches: LearnerConfig.minibatches="
                        f"{cfg.minibatches} must divide it (prepare it with this learner's config)")
-    old = self._old_pass(state, batch, rest)
     norm = _normaliser(batch)
     rng, step_rng = jax.random.split(state.rng)
     n = cfg.epochs * cfg.minibatches
@@ -369,42 +402,56 @@ class Learner:
       loss_fn = lambda p, mb, o, mb_n: self._micro_loss(p, rest, mb, o, mb_n, key)
       loss, grads, metrics = self._accumulate(loss_fn, params, mb_batch, mb_old, mb_norm)
       norms = _grad_norms(grads)  # before clipping
-      # A non-finite loss or gradient (a broken batch) must not reach the weights: the update is skipped,
-      # parameters and optimizer state stay bit for bit, and it is counted.
+      # A minibatch without loss tokens (padding rows only) has nothing to learn from, but AdamW would
+      # still move the weights (its moments and weight decay): it is not an update. A non-finite loss or
+      # gradient (a broken batch) must not reach the weights either: that update is skipped, and counted.
+      # Either way parameters and optimizer state stay bit for bit.
+      trained = jnp.sum(mb_batch.weight) > 0
       finite = jnp.isfinite(loss) & jnp.all(jnp.isfinite(jnp.stack(list(norms.values()))))
       new_params, new_opt_state = {}, {}
       for name, tx in self.txs.items():
         updates, new_opt_state[name] = tx.update(grads[name], opt_state[name], params[name])
         new_params[name] = optax.apply_updates(params[name], updates)
-      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+      keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(trained & finite, a, b), new, old)
       share = mb_norm / norm  # rescales minibatch means so that an epoch's sum is the batch mean
       metrics = {k: v * share for k, v in dict(metrics, loss=loss).items()}
-      metrics.update({name: v / cfg.minibatches for name, v in norms.items()})
-      metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
+      metrics.update({name: jnp.where(trained, v, 0.0) for name, v in norms.items()})
+      metrics["skipped"] = (trained & ~finite).astype(jnp.float32)
+      metrics["empty"] = 1.0 - trained.astype(jnp.float32)
       return (keep(new_params, params), keep(new_opt_state, opt_state)), metrics
 
     def epoch(carry, xs):
       shuffle_key, keys_e = xs
       data = (batch, old)
       if cfg.shuffle:
-        perm = jax.random.permutation(shuffle_key, batch.tokens.shape[0] * batch.tokens.shape[1])
-        data = jax.tree.map(functools.partial(_deal_rows, perm), data)
+        rows = _shuffled_rows(shuffle_key, batch.row_order)
+        data = jax.tree.map(lambda x: jnp.take(_flat_rows(x), rows, axis=0).reshape(x.shape), data)
       minibatches = jax.tree.map(lambda x: x.reshape(cfg.minibatches, -1, *x.shape[1:]), data)
       return jax.lax.scan(update, carry, (*minibatches, keys_e))
 
     (params, opt_state), per_update = jax.lax.scan(epoch, (state.params, state.opt_state),
                                                    (keys[n:], update_keys))
-    skipped = jnp.sum(per_update.pop("skipped"))
-    metrics = {k: jnp.sum(v[0]) for k, v in per_update.items()}
+    skipped, empty = jnp.sum(per_update.pop("skipped")), per_update.pop("empty")
+    applied = n - skipped - jnp.sum(empty)
+    counted = jnp.maximum(jnp.sum(1.0 - empty, axis=1), 1.0)  # [epochs] minibatches with loss tokens
+    norm_names = [k for k in per_update if k.endswith("grad_norm")]
+    metrics = self._epoch_metrics(per_update, norm_names, counted, 0, "")
     if cfg.epochs > 1:
-      metrics.update({f"{k}_last": jnp.sum(v[-1]) for k, v in per_update.items()})
+      metrics.update(self._epoch_metrics(per_update, norm_names, counted, -1, "_last"))
     metrics.update(self._tis_metrics(batch, old, norm))
     metrics["tokens"] = _trunk_tokens(batch)
-    metrics["updates"] = n - skipped
+    metrics["updates"] = applied
     metrics["skipped_updates"] = skipped
     new = dataclasses.replace(state, params=params, opt_state=opt_state,
-                              step=state.step + n - skipped.astype(jnp.int32), rng=rng)
+                              step=state.step + applied.astype(jnp.int32), rng=rng)
     return new, metrics
+
+  @staticmethod
+  def _epoch_metrics(per_update: dict[str, jax.Array], norm_names: list[str], counted: jax.Array, e: int,
+                     suffix: str) -> dict[str, jax.Array]:
+    """Epoch e's metrics: loss metrics summed (they are shares of the batch mean), gradient norms averaged
+    over the minibatches that had loss tokens."""
+    return {f"{k}{suffix}": jnp.sum(v[e]) / (counted[e] if k in norm_names else 1.0) for k, v in per_update.items()}
 
   def _pretrain_fn(self, state: TrainState, batch: DeviceBatch, rest):
     norm = _normaliser(batch)

@@ -128,6 +128,11 @@ class TrainConfig:
          "needs learner.value.kind 'shared' or 'separate'"),
         ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),
         ("sft.steps", not (self.sft.steps and self.distributed.multi_process), SFT_ONE_PROCESS),
+        # PPO's advantages come from the critic (R - V), not from the group: at the paper's one rollout per
+        # task every group has A = 0 and would be dropped whole.
+        ("batch.drop_uninformative_groups", not (self.batch.drop_uninformative_groups and self.learner.loss == "ppo"),
+         "drops the groups whose GRPO advantages are all 0, but learner.loss 'ppo' takes its advantages from "
+         "the critic; turn it off"),
         ("async_rl", not self.async_rl or self.batch.max_staleness >= 1,
          "needs batch.max_staleness >= 1 (how many steps of rollouts may run ahead of the learner); it is 0"),
     ]

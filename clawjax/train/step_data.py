@@ -36,8 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from clawjax import distributed
 from clawjax.calllog import CallRecord, LoadedLog, RolloutRecord
 from clawjax.rl.advantages import group_key, grpo_advantages
+from clawjax.rl.device_batch import process_share
 from clawjax.tree.batch import GroupKey, PackedBatch, RolloutScores
 from clawjax.tree.filters import FilterConfig, FilteredRollout, filter_rollout
 from clawjax.tree.pack import pack_trees, split_for_rows
@@ -48,7 +50,8 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(frozen=True)
 class BatchConfig:
   row_len: int = 65_536      # tokens per packed row: the longest rollout tree that can be trained
-  rows: int = 8              # rows per update (static shape: one compile); more trees -> more updates
+  # Rows per update, over all processes (static shape: one compile); more trees -> more updates.
+  rows: int = 8
   max_staleness: int = 1     # drop rollouts with calls sampled more than this many versions back
   # Store a GRPO group's common task prompt once per packed segment instead of once per rollout
   # (clawjax.tree.pack, `share_prompts`): the same loss and gradients from fewer tokens. Default on;
@@ -162,7 +165,9 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   if batch.share_prompts:  # a group's rollouts side by side, so that they land in one update
     index = scores.index()
     kept = [kept[i] for i in np.argsort([scores.group_ids_N[index[t.rollout_id]] for t in kept], kind="stable")]
-  layout = dict(row_len=batch.row_len, rows=batch.rows)
+  # batch.rows is the global batch's: this process packs its own groups into its share of the rows.
+  share = process_share(batch.rows, distributed.process_count(), distributed.process_index())
+  layout = dict(row_len=batch.row_len, rows=share)
   batches = [pack_trees(part, scores, share_prompts=batch.share_prompts, **layout)
              for part in split_for_rows(kept, scores=scores, share_prompts=batch.share_prompts, **layout)]
   tree_stats = {  # sums, so that processes' steps add up (step_metrics derives the ratios)

@@ -16,6 +16,7 @@ import pathlib
 import time
 from typing import Any, Protocol
 
+import jax
 import numpy as np
 
 from clawjax import distributed, progress
@@ -63,13 +64,16 @@ def _merge_extra(extras: list[dict[str, float]]) -> dict[str, float]:
 
 def update(learner: Learner, data: StepData, value_pretrain_steps: int) -> dict[str, float]:
   """The step's optimizer updates, one per packed batch (as many on every process: `prepare_all` pads
-  a process that has fewer), after `value_pretrain_steps` critic-only updates."""
+  a process that has fewer), after `value_pretrain_steps` critic-only updates. pi_old (and V_old) is the
+  policy the step starts from, for every batch: all are computed before the first update, so a later
+  batch's ratio pi / pi_old is measured from there and clipped (as verl, slime and AReaL do)."""
   prepared = learner.prepare_all(data.batches)
   out: dict[str, float] = {}
   if value_pretrain_steps:
     rows = [learner.pretrain_value_step(prepared[i % len(prepared)]) for i in range(value_pretrain_steps)]
     out.update({f"value_pretrain/{k}": v for k, v in rows[-1].items()})
-  steps = [learner.step(b) for b in prepared]
+  olds = jax.block_until_ready([learner.old_pass(b) for b in prepared])
+  steps = [learner.step(b, old) for b, old in zip(prepared, olds)]
   out.update(_mean(steps))
   for key in ("updates", "skipped_updates"):
     out[key] = float(sum(m[key] for m in steps))

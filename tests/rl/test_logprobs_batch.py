@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clawjax.rl.device_batch import prepare_batch
+from clawjax.rl.device_batch import RowLayout, prepare_batch
 from clawjax.rl.logprobs import token_logprobs
 from clawjax.tree.batch import PackedBatch
 
@@ -47,19 +47,23 @@ def _batch(rng, rows=3, length=20) -> PackedBatch:
 def test_prepare_batch_compacts_loss_tokens():
   rng = np.random.default_rng(1)
   b = _batch(rng)
-  out = prepare_batch(b, normalisation="paths", micro_batches=2, row_multiple=2, chunk=4)
-  rows = 4  # 3 padded up to a multiple of micro_batches x row_multiple
+  out = prepare_batch(b, RowLayout((3,), micro_batches=2, local_shards=2), normalisation="paths", chunk=4)
+  rows = 4  # 3 padded up to a whole number per micro-batch and row shard
   assert out.tokens.shape == (2, rows // 2, 20)
   flat = lambda x: np.asarray(x).reshape(rows, -1)
-  for r in range(rows):
-    got = [(int(flat(out.pred_index)[r, s]), int(flat(out.targets)[r, s]), float(flat(out.weight)[r, s]),
-            float(flat(out.advantages)[r, s])) for s in range(flat(out.weight).shape[1]) if flat(out.weight)[r, s] > 0]
-    want = [] if r >= 3 else [(int(b.parent_index_RT[r, i]), int(b.tokens_RT[r, i]), float(b.path_weight_RT[r, i]),
-                               float(b.advantages_RT[r, i])) for i in range(20) if b.unique_weight_RT[r, i] > 0]
+  source = np.asarray(out.row_order).reshape(rows)  # one process: the batch row in each slot
+  assert sorted(source) == [-1, 0, 1, 2]
+  for slot, r in enumerate(source):
+    got = [(int(flat(out.pred_index)[slot, s]), int(flat(out.targets)[slot, s]), float(flat(out.weight)[slot, s]),
+            float(flat(out.advantages)[slot, s]))
+           for s in range(flat(out.weight).shape[1]) if flat(out.weight)[slot, s] > 0]
+    want = [] if r < 0 else [(int(b.parent_index_RT[r, i]), int(b.tokens_RT[r, i]), float(b.path_weight_RT[r, i]),
+                              float(b.advantages_RT[r, i])) for i in range(20) if b.unique_weight_RT[r, i] > 0]
     assert got == want
   assert flat(out.weight).shape[1] % 4 == 0
-  assert not flat(out.segment_ids)[3].any()  # the padding row is empty
-  np.testing.assert_array_equal(flat(out.subtree_end)[3], np.arange(1, 21))
+  pad = int(np.flatnonzero(source < 0)[0])
+  assert not flat(out.segment_ids)[pad].any()  # the padding row is empty
+  np.testing.assert_array_equal(flat(out.subtree_end)[pad], np.arange(1, 21))
 
 
 def test_prepare_batch_rejects_unpredicted_loss_token():
@@ -67,4 +71,4 @@ def test_prepare_batch_rejects_unpredicted_loss_token():
   r, i = np.argwhere(b.unique_weight_RT > 0)[0]
   b.parent_index_RT[r, i] = -1
   with pytest.raises(ValueError, match=f"row {r}, position {i}"):
-    prepare_batch(b, normalisation="unique", micro_batches=1)
+    prepare_batch(b, RowLayout((b.shape[0],)), normalisation="unique")

@@ -97,6 +97,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["plugins=no_such_module_xyz"], r"^config\.plugins: cannot import 'no_such_module_xyz'"),
     (["sft.demonstrator=clawjax.data.quickstart.demonstrator:Nope"], r"^config\.sft\.demonstrator: cannot import"),
     (["async_rl=true"], r"^config\.async_rl: needs batch\.max_staleness >= 1"),
+    (["learner.loss=ppo", "learner.value.kind=shared", "batch.drop_uninformative_groups=true"],
+     r"^config\.batch\.drop_uninformative_groups: drops the groups whose GRPO advantages are all 0, but "
+     r"learner\.loss 'ppo'"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
     (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],

@@ -2,7 +2,8 @@
 devices each), the command of the README's cluster section: each process runs its own shim, harnesses
 and groups, the learner's step spans both, and process 0 writes the run's files once. Then the same
 commands with one more step resume from the checkpoint and add exactly that step; and a run killed
-(kill -9, both processes) in the middle of a step resumes and completes."""
+(kill -9, both processes) in the middle of a step resumes and completes. Also one RL step's updates on two
+processes against one process on the same groups (tests/train/rl_update_worker.py)."""
 from __future__ import annotations
 
 import json
@@ -10,10 +11,15 @@ import pathlib
 import signal
 import time
 
+import jax
+import numpy as np
 import pytest
 
 from clawjax.calllog import RolloutRecord, iter_records
+from clawjax.sharding import MeshConfig
 from tests import processes
+from tests.rl.learner_batches import rel_diff
+from tests.train import rl_update_worker
 
 
 def _argv(workdir: pathlib.Path, steps: int, extra: list[str]) -> list[str]:
@@ -67,3 +73,19 @@ def test_two_processes_train_resume_and_survive_a_kill(tmp_path):
     p.wait()
   _run(workdir, 5, "after_kill")
   assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.slow  # ~40 s on 2 loaded cores: a 2-process update and its one-process reference, each compiling
+def test_two_processes_make_the_updates_of_one_on_the_same_data(tmp_path):
+  """batch.rows counts the rows of an update over all processes: 4 groups of one row each with rows=2 are
+  2 updates of 2 rows on one process, and on two (each process packs its 2 groups into its 1 row of each
+  update). Same updates, same params (float32: the processes' partial sums add in another order)."""
+  processes.run(["-m", "tests.train.rl_update_worker", str(tmp_path / "two")], tmp_path, "rl_update", devices=1)
+  rl_update_worker.run(tmp_path / "one", MeshConfig(data=2), jax.devices()[:2])
+  two, one = (json.loads((tmp_path / run / "metrics.json").read_text()) for run in ("two", "one"))
+  assert one["batches"] == 2 and two["batches"] == 2  # process 0's: its two groups, one row each
+  assert one["updates"] == two["updates"] == 2 and one["skipped_updates"] == two["skipped_updates"] == 0
+  assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)
+  got, want = np.load(tmp_path / "two" / "params.npz"), np.load(tmp_path / "one" / "params.npz")
+  assert sorted(got.files) == sorted(want.files)
+  assert rel_diff([got[n] for n in want.files], [want[n] for n in want.files]) < 1e-5
