@@ -35,6 +35,12 @@ def _batch(seed: int):
   return tree_layout(trees, rows=4, length=96)
 
 
+def _with_old(learner: Learner, batch) -> tuple:
+  """The train step's arguments after the state: the placed batch, the model's rest and the step's pi_old."""
+  device_batch = learner.prepare(batch)
+  return device_batch, learner.rest, learner.old_pass(device_batch)
+
+
 def _constraints(text: str) -> set[tuple[tuple[int, ...], tuple[tuple[str, ...], ...]]]:
   """{(shape, mesh axes per dim)} of every sharding constraint in StableHLO (Shardy) text."""
   out = set()
@@ -62,7 +68,7 @@ def test_step_traces_activation_constraints_and_matches_single_device():
   batch = _batch(0)
   learner = Learner(CFG, make_policy(), mesh=mesh)
   device_batch = learner.prepare(batch)
-  text = learner._train.lower(learner.state, device_batch, learner.rest).as_text()
+  text = learner._train.lower(learner.state, device_batch, learner.rest, learner.old_pass(device_batch)).as_text()
   r, t = device_batch.tokens.shape[1:]  # one micro-batch: [rows, length]
   slots = CFG.logits_chunk
   d, n, kv, h, f, v = TINY.d_model, TINY.n_heads, TINY.n_kv_heads, TINY.head_dim, TINY.mlp_dim, TINY.vocab_size
@@ -91,7 +97,7 @@ def test_moe_experts_shard_over_expert_axis_and_step_matches_single_device():
   make = lambda: Decoder(TINY_MOE, rngs=nnx.Rngs(0))
   learner = _assert_step_matches_single_device(CFG, make, mesh, _batch(1))
   # The block runs per shard over every mesh axis (tokens over data, experts, MLP slices).
-  text = learner._train.lower(learner.state, learner.prepare(_batch(1)), learner.rest).as_text()
+  text = learner._train.lower(learner.state, *_with_old(learner, _batch(1))).as_text()
   manual = re.findall(r"sdy\.manual_computation.*manual_axes=\{([^}]*)\}", text)
   assert any({"data", "tensor", "expert"} <= set(re.findall(r'"(\w+)"', m)) for m in manual), manual
   moe = learner.state.params["policy"]["layers"][0]["mlp"]
@@ -117,7 +123,7 @@ def test_blocked_attention_runs_per_shard_and_step_matches_single_device():
   trees = [dataclasses.replace(t, advantage=abs(t.advantage) + 0.5) for t in [random_tree(rng, 40, TINY.vocab_size)]]
   batch = tree_layout(trees, rows=4, length=96)
   learner = Learner(CFG, make(), mesh=mesh)
-  text = learner._train.lower(learner.state, learner.prepare(batch), learner.rest).as_text()
+  text = learner._train.lower(learner.state, *_with_old(learner, batch)).as_text()
   manual = re.findall(r"sdy\.manual_computation.*manual_axes=\{([^}]*)\}", text)
   assert manual and all({"data", "fsdp", "tensor"} <= set(re.findall(r'"(\w+)"', m)) for m in manual), manual
   _assert_step_matches_single_device(CFG, make, mesh, batch)
