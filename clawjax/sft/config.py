@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
+from clawjax.aot.target import CompileTarget
 from clawjax.config import ConfigError
 from clawjax.distributed import DistributedConfig
 from clawjax.rl.config import LearnerConfig
@@ -37,7 +38,7 @@ ROLLOUT_FILES = ("rollouts.jsonl", "steps/*/rollouts.jsonl")
 # exports, not what it trains on or its schedule (which follows from the number of updates); and how
 # many processes share the work (each passes its own process_id).
 RESUMABLE_CHANGES = ("progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_every",
-                     "allow_config_change", "export_dir", "distributed")
+                     "allow_config_change", "export_dir", "distributed", "compile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,9 @@ class SFTRunConfig:
   # Several processes (one per host, the same command on each with its own process_id) run one stage:
   # each reads the data and plans alike, then feeds its share of every update's rows (clawjax/sft/loop.py).
   distributed: DistributedConfig = DistributedConfig()
+  # The accelerator slice (and architecture) experiments/compile.py compiles the learner step for; the run
+  # itself never reads it.
+  compile: CompileTarget = CompileTarget()
 
   def __post_init__(self):
     learner = self.learner

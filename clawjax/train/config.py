@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
+from clawjax.aot.target import CompileTarget
 from clawjax.config import ConfigError
 from clawjax.distributed import DistributedConfig
 from clawjax.harness.adapters import ADAPTERS
@@ -38,7 +39,7 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
                      "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root", "distributed")
+                     "rollout.work_root", "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
@@ -87,6 +88,9 @@ class TrainConfig:
   mesh: MeshConfig = MeshConfig(data=-1)
   # Several processes (one per host, the same command on each): clawjax.distributed.DistributedConfig.
   distributed: DistributedConfig = DistributedConfig()
+  # The accelerator slice (and architecture) experiments/compile.py compiles the learner step for; the run
+  # itself never reads it.
+  compile: CompileTarget = CompileTarget()
   shim: ShimConfig = dataclasses.field(default_factory=lambda: ShimConfig(log_dir=""))
   rollout: RolloutConfig = RolloutConfig()
   filters: FilterConfig = FilterConfig()
