@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+import optax
 from flax import nnx
 from flax.core import spmd
 from jax.experimental import mesh_utils
@@ -170,27 +171,17 @@ def state_shardings(state: nnx.State, mesh: Mesh,
   return jax.tree.map(one, logical, state, is_leaf=lambda x: isinstance(x, P))
 
 
-def tree_shardings_like(tree: Any, reference: Mapping[tuple, NamedSharding], mesh: Mesh) -> Any:
-  """Shardings for a tree (e.g. optimizer state) whose leaves mirror params by path suffix.
+def optimizer_shardings(tx: optax.GradientTransformation, opt_state: Any, param_shardings: Any, mesh: Mesh) -> Any:
+  """Shardings for `tx`'s state `opt_state` (same structure): every copy of the parameter tree in it (Adam's
+  mu and nu) gets `param_shardings`, leaf for leaf; the other leaves (step counts) are replicated.
 
-  Optax states hold per-param moments under paths ending in the param's path; they get the param's
-  sharding. Other leaves (counts, scalars) are replicated."""
-
-  def one(path: tuple, x: Any) -> NamedSharding:
-    keys = tuple(key_name(k) for k in path)
-    for start in range(len(keys)):
-      s = reference.get(keys[start:])
-      if s is not None and len(s.spec) <= getattr(x, "ndim", 0):
-        return s
-    return NamedSharding(mesh, P())
-
-  return jax.tree_util.tree_map_with_path(one, tree)
-
-
-def path_shardings(shardings: Any) -> dict[tuple, NamedSharding]:
-  """{path of key names: sharding} of a sharding tree (the reference of tree_shardings_like)."""
-  flat = jax.tree_util.tree_flatten_with_path(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0]
-  return {tuple(key_name(k) for k in path): s for path, s in flat}
+  Which subtrees are parameter trees is found structurally, by running `tx.init` on a placeholder
+  (`optax.tree_utils.tree_map_params`), not by matching key paths: a state whose moments sit under
+  another path still gets its parameters' layout, and a parameter tree that no longer matches the
+  shardings' structure is an error rather than silently replicated moments."""
+  replicated = NamedSharding(mesh, P())
+  return optax.tree_utils.tree_map_params(tx, lambda _, s: s, opt_state, param_shardings,
+                                          transform_non_params=lambda _: replicated)
 
 
 def key_name(key: Any) -> Any:

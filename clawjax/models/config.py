@@ -20,6 +20,10 @@ _FAMILIES = {
 }
 
 
+# The `jax.checkpoint_policies` that are policies as they stand (the others are factories taking names).
+REMAT_POLICIES = ("nothing_saveable", "everything_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Architecture plus run-time knobs of a `Decoder`.
@@ -39,6 +43,10 @@ class ModelConfig:
     attention_block: query/key block length of the blocked kernel (default 512: large enough to keep
       matmuls efficient, small enough that 64K-token rows fit; not a published value).
     remat: recompute each layer's activations in the backward pass (saves memory, costs ~1/3 more FLOPs).
+    remat_policy: with remat, the `jax.checkpoint_policies` entry that says which of a layer's
+      intermediates are saved rather than recomputed (one of REMAT_POLICIES). Default "nothing_saveable":
+      only the layer's inputs are kept, the least memory; "dots_with_no_batch_dims_saveable" keeps the
+      weight matmuls' outputs (more memory, less recomputation).
   """
   family: str
   vocab_size: int
@@ -66,6 +74,7 @@ class ModelConfig:
   attention_impl: str = "dense"
   attention_block: int = 512
   remat: bool = False
+  remat_policy: str = "nothing_saveable"
 
   def __post_init__(self):
     if self.family not in _FAMILIES:
@@ -77,6 +86,8 @@ class ModelConfig:
                        f"{self.top_k}, n_experts={self.n_experts}, moe_mlp_dim={self.moe_mlp_dim}")
     for name in ("dtype", "param_dtype"):
       jnp.dtype(getattr(self, name))  # fails early on a typo
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"ModelConfig.remat_policy={self.remat_policy!r}: expected one of {REMAT_POLICIES}")
 
   def replace(self, **changes: Any) -> ModelConfig:
     return dataclasses.replace(self, **changes)

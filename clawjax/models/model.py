@@ -44,11 +44,17 @@ class DecoderLayer(nnx.Module):
     return constrain(x_BTD, ("batch", "length", "embed"))
 
 
-def _run_layer(layer: DecoderLayer, *args: jax.Array) -> jax.Array:
-  return layer(*args)
+def _remat_layer(layer: DecoderLayer, policy: str, *args: jax.Array) -> jax.Array:
+  """`layer(*args)` with its activations recomputed in the backward pass, except those that the
+  `jax.checkpoint_policies` entry named `policy` saves (`ModelConfig.remat_policy`).
 
-
-_remat_layer = nnx.remat(_run_layer)  # keeps only layer inputs for the backward pass
+  The layer is split into graph and parameters and merged again inside `jax.checkpoint`, so the
+  checkpointed function is pure and traces inside any transform of the caller's (the learner's
+  `lax.map` / `lax.scan` over micro-batches); `nnx.remat` there writes the inner trace's parameters back
+  into the outer module and fails (TraceContextError)."""
+  graph, params = nnx.split(layer)
+  run = lambda params, *args: nnx.merge(graph, params)(*args)
+  return jax.checkpoint(run, policy=getattr(jax.checkpoint_policies, policy))(params, *args)
 
 
 class Decoder(nnx.Module):
@@ -72,9 +78,11 @@ class Decoder(nnx.Module):
   def hidden(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
              subtree_end_BT: jax.Array) -> jax.Array:
     x_BTD = self.embed(tokens_BT)
-    run = _remat_layer if self.cfg.remat else _run_layer
     for layer in self.layers:
-      x_BTD = run(layer, x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+      if self.cfg.remat:
+        x_BTD = _remat_layer(layer, self.cfg.remat_policy, x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+      else:
+        x_BTD = layer(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
     return self.final_norm(x_BTD)
 
   def logits(self, hidden_BTD: jax.Array) -> jax.Array:

@@ -155,15 +155,16 @@ class Learner:
 
     state = jax.eval_shape(init_state, params) if abstract else init_state(params)
     param_sh = {k: sharding.state_shardings(v, self.mesh, rules) for k, v in params.items()}
-    by_path = sharding.path_shardings(param_sh)
-    value_by_path = sharding.path_shardings(param_sh.get("value"))
     replicated = NamedSharding(self.mesh, P())
+    # Adam's moments are laid out like their parameters (found structurally from each optimizer).
     self.state_sharding = TrainState(
         params=param_sh,
-        opt_state=sharding.tree_shardings_like(state.opt_state, by_path, self.mesh),
+        opt_state={name: sharding.optimizer_shardings(tx, state.opt_state[name], param_sh[name], self.mesh)
+                   for name, tx in self.txs.items()},
         step=replicated, rng=replicated,
         ref_params=param_sh["policy"] if cfg.kl_coef else None,
-        value_opt_state=sharding.tree_shardings_like(state.value_opt_state, value_by_path, self.mesh))
+        value_opt_state=None if value is None else sharding.optimizer_shardings(
+            self.value_tx, state.value_opt_state, param_sh["value"], self.mesh))
     rest = (self.policy_rest, self.value_rest)
     if abstract:
       self.state: TrainState = jax.tree.map(_placed_shape, state, self.state_sharding)

@@ -52,3 +52,37 @@ def test_dcn_fields_are_checked_and_one_process_holds_every_row_shard():
     sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2, dcn_data=2, dcn_granule="process"))
   mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, tensor=2))
   assert sharding.local_row_shards(mesh) == (0, 1, 2, 3) and sharding.batch_shards(mesh) == 4
+
+
+def _bytes_on(tree, device) -> int:
+  """Bytes of `tree`'s arrays held by `device`."""
+  return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == device)
+
+
+def test_adam_moments_are_sharded_like_their_parameters():
+  """On a 4-way fsdp mesh every mu / nu leaf (of the policy's and the critic's optimizers, and of the critic's
+  pretraining one) has its parameter's sharding, so a device holds 2 x its parameter bytes of optimizer
+  state, not the whole moments (8 x here, where the parameters are split 4 ways)."""
+  from flax import nnx
+
+  from clawjax.models.model import Decoder
+  from clawjax.rl.config import LearnerConfig, ValueConfig
+  from clawjax.rl.learner import Learner
+  from clawjax.rl.value import make_value_model
+  from tests.rl.learner_batches import TINY, make_policy
+
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=4), jax.devices()[:4])
+  critic = make_value_model("separate", TINY.d_model, trunk=Decoder(TINY, rngs=nnx.Rngs(7)))
+  cfg = LearnerConfig(optimizer="adamw", loss="ppo", value=ValueConfig(kind="separate"))
+  learner = Learner(cfg, make_policy(), value=critic, mesh=mesh)
+  state = learner.state
+  moments = [(name, state.opt_state[name][1][0], state.params[name]) for name in ("policy", "value")]
+  moments.append(("value pretraining", state.value_opt_state[1][0], state.params["value"]))
+  for name, adam, params in moments:
+    param_specs = jax.tree.map(lambda x: x.sharding.spec, params)
+    assert any(spec != P() for spec in jax.tree.leaves(param_specs)), name  # fsdp splits the parameters
+    for moment in (adam.mu, adam.nu):
+      assert jax.tree.map(lambda x: x.sharding.spec, moment) == param_specs, name
+  device = mesh.devices.flat[0]
+  ratio = _bytes_on(state.opt_state["policy"], device) / _bytes_on(state.params["policy"], device)
+  assert ratio == pytest.approx(2.0, rel=1e-3)  # mu + nu; the step counts are a few replicated scalars
