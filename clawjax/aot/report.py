@@ -32,6 +32,7 @@ class Report:
   layers: int
   layers_compiled: tuple[int, ...]
   extrapolated: bool
+  compiler_refused: bool             # the TPU compiler stopped at its HBM check; its temporaries are reported
   bytes_per_device: dict[str, int]   # arguments, outputs, aliased (donated), temporaries, total
   hbm_bytes_per_device: int
   fits: bool
@@ -62,6 +63,8 @@ class Report:
     b = self.bytes_per_device
     depth = (f"{self.layers} layers, extrapolated from compiles at {list(self.layers_compiled)}"
              if self.extrapolated else f"{self.layers} layers compiled")
+    if self.compiler_refused:
+      depth += "; the compiler refused it over HBM, temporaries as it counted them"
     return "\n".join([
         f"topology      {self.topology}: {self.devices} x {self.chip}, mesh {self.mesh}",
         f"model         {self.model} ({depth}), attention {self.attention_impl}, remat {self.remat}",
@@ -85,7 +88,7 @@ def _extrapolate(compiled: list[step.CompiledStep], layers: int) -> dict[str, fl
   a, b = compiled
   line = lambda x, y: x + (y - x) * (layers - a.layers) / (b.layers - a.layers)
   out = {f: line(getattr(a, f), getattr(b, f)) for f in _BYTE_FIELDS}
-  out["compiler_flops"] = None if a.compiler_flops is None else line(a.compiler_flops, b.compiler_flops)
+  out["compiler_flops"] = None if None in (a.compiler_flops, b.compiler_flops) else line(a.compiler_flops, b.compiler_flops)
   return out
 
 
@@ -95,7 +98,8 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
   mesh = sharding.make_mesh(spec.mesh, topology.devices(target))
   layers = spec.model.n_layers
   depths = [layers] if full_depth or layers <= FULL_DEPTH_MAX else [1, 2]
-  figures = _extrapolate([step.compile_step(spec, mesh, n) for n in depths], layers)
+  compiled = [step.compile_step(spec, mesh, n) for n in depths]
+  figures = _extrapolate(compiled, layers)
   byte = {name: int(figures[f]) for name, f in zip(("arguments", "outputs", "aliased", "temporaries"), _BYTE_FIELDS)}
   byte["total"] = byte["arguments"] + byte["outputs"] - byte["aliased"] + byte["temporaries"]
   layout = step.batch_layout(spec, mesh)
@@ -112,8 +116,9 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
   return Report(
       topology=slice_name, devices=n, chip=target.chip_name, mesh=dict(mesh.shape), model=spec.model_name,
       attention_impl=spec.model.attention_impl, remat=spec.model.remat, layers=layers,
-      layers_compiled=tuple(depths), extrapolated=depths != [layers], bytes_per_device=byte,
-      hbm_bytes_per_device=chip.hbm_bytes, fits=byte["total"] <= chip.hbm_bytes, rows=layout.rows,
+      layers_compiled=tuple(depths), extrapolated=depths != [layers],
+      compiler_refused=any(c.refused for c in compiled), bytes_per_device=byte,
+      hbm_bytes_per_device=chip.hbm_bytes, fits=byte["total"] <= chip.hbm_bytes and not any(c.refused for c in compiled), rows=layout.rows,
       row_len=layout.row_len, micro_batches=spec.learner.micro_batches, tokens_per_step=tokens,
       active_params=flops.active_params(spec.model), flops_per_step=count.flops,
       model_flops_per_step=count.model_flops, compiler_flops_per_step=None if compiler is None else compiler * n,

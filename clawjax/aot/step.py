@@ -8,6 +8,8 @@ built on them in its abstract mode, on a mesh of the slice's compile-only device
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +42,7 @@ class CompiledStep:
   alias_bytes: int     # outputs that reuse donated arguments (the train state)
   temp_bytes: int
   compiler_flops: float | None  # XLA's count per device (loop bodies once); None where it gives none
+  refused: bool = False         # the TPU compiler stopped at its HBM check: temp_bytes is what it asked for
 
 
 def batch_layout(spec: StepSpec, mesh: jax.sharding.Mesh) -> BatchLayout:
@@ -69,11 +72,33 @@ def abstract_learner(spec: StepSpec, model: ModelConfig, mesh: jax.sharding.Mesh
   return Learner(spec.learner, policy, value=value, mesh=mesh, abstract=True)
 
 
+# libtpu's message when a program's temporaries exceed the chip's HBM (it compiles no further).
+_TPU_OOM = re.compile(r"RESOURCE_EXHAUSTED: .*HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+
+
+def per_device_bytes(tree: object) -> int:
+  """Bytes one device holds of a tree of placed ShapeDtypeStructs (its shard of each)."""
+  leaves = jax.tree.leaves(tree)
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
+
+
 def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> CompiledStep:
   """Compiles the step of `spec`'s model cut to `layers` layers for `mesh`'s devices."""
   learner = abstract_learner(spec, spec.model.replace(n_layers=layers), mesh)
   batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, learner.batch_sharding.tokens)
-  compiled = learner._train.lower(learner.state, batch, learner.rest).compile()
+  lowered = learner._train.lower(learner.state, batch, learner.rest)
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    oom = _TPU_OOM.search(str(e))
+    if not oom:
+      raise
+    state = per_device_bytes(learner.state)
+    return CompiledStep(layers=layers, argument_bytes=state + per_device_bytes((batch, learner.rest)),
+                        output_bytes=state, alias_bytes=state,
+                        temp_bytes=int(float(oom.group(1)) * _UNITS[oom.group(2)]), compiler_flops=None,
+                        refused=True)
   memory = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   return CompiledStep(layers=layers, argument_bytes=memory.argument_size_in_bytes,

@@ -66,8 +66,10 @@ def parse(name: str) -> Topology:
 def devices(topology: Topology) -> list[jax.Device]:
   """The slice's compile-only devices (in the order a Mesh reshapes)."""
   # libtpu takes a host-wide lockfile as if it would own the chips; compile-only devices own none, so
-  # several compiles (and a TPU run beside them) may share the host.
+  # several compiles (and a TPU run beside them) may share the host. Off a TPU VM it would also look up
+  # the VM's workers and warn at length: a description is one host's.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   try:
     desc = topologies.get_topology_desc(platform=topology.chip.platform, topology_name=topology.name)
   except Exception as e:  # the plugin's own message: unknown slice shape, libtpu missing
