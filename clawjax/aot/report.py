@@ -59,7 +59,7 @@ class Report:
             f"a {self.chip} chip has {gib(self.hbm_bytes_per_device)} of HBM")
 
   def text(self) -> str:
-    gib = lambda b: f"{b / topology.GIB:.2f} GiB"
+    gib = lambda b: f"{b / topology.GIB:.2f} GiB" if b >= topology.GIB / 10 else f"{b / 2 ** 20:.1f} MiB"
     b = self.bytes_per_device
     depth = (f"{self.layers} layers, extrapolated from compiles at {list(self.layers_compiled)}"
              if self.extrapolated else f"{self.layers} layers compiled")
