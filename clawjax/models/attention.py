@@ -9,13 +9,14 @@ Kernels live in `KERNELS` (name -> function, chosen by `ModelConfig.attention_im
              and, through rematerialisation, per query block in the backward pass; key blocks that no
              query of the block can see (after the queries, subtrees ended before them, other segments)
              are skipped with `lax.cond`.
+  "pallas":  the same online softmax as a block-sparse Pallas kernel (clawjax/models/pallas_attention.py):
+             a per-row table of visible (query block, key block) pairs, computed on device and
+             scalar-prefetched, so invisible blocks are neither fetched nor computed; forward and
+             backward (custom VJP, recomputed from the saved logsumexp). A Mosaic kernel when lowered
+             for TPU, Pallas interpret mode on other backends (slow: for tests).
 Under the learner's mesh a kernel runs per shard (`shard_map` over the rows' and heads' mesh axes): which
 key blocks to skip is each device's decision about its own rows, with no collective per block, and a
 device holding only padding rows skips them all.
-TPU hook: a Pallas splash-attention kernel (jax.experimental.pallas.ops.tpu.splash_attention) would be
-registered here with `register_kernel("splash", fn)`. It takes the same arguments; the tree mask is not
-one of splash's static masks, so it would be passed as segment ids plus a per-block "any visible" table
-computed from `subtree_end` (what `block_needed` computes here).
 
 Engine hook: `Attention.project_qkv` / `Attention.project_out` expose the projections around the kernel,
 and `tree_mask` / `masked_attention` take queries and keys of different lengths (a KV cache) with the
@@ -34,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import RMSNorm, apply_rope, constrain, param
+from clawjax.models.pallas_attention import pallas_attention
 from clawjax.sharding import logical_to_mesh
 
 _NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN
@@ -141,7 +143,7 @@ def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *,
 
 
 Kernel = Callable[..., jax.Array]
-KERNELS: dict[str, Kernel] = {"dense": dense_attention, "blocked": blocked_attention}
+KERNELS: dict[str, Kernel] = {"dense": dense_attention, "blocked": blocked_attention, "pallas": pallas_attention}
 
 
 def register_kernel(name: str, kernel: Kernel) -> None:
