@@ -32,7 +32,7 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.model = config_dict.ConfigDict()
   c.model.init = config_dict.placeholder(str)  # HF dir: Qwen3-30B-A3B (Claude Code) or ClawII-Cold (OpenClaw)
   c.model.overrides = config_dict.ConfigDict({"dtype": "bfloat16", "param_dtype": "float32",
-                                              "attention_impl": "blocked", "remat": True})
+                                              "attention_impl": "pallas", "remat": True})
   c.model.template_family = "qwen3"
 
   c.engine = config_dict.ConfigDict()

@@ -47,7 +47,7 @@ def get_config() -> config_dict.ConfigDict:
   c.model = config_dict.ConfigDict()
   c.model.init = config_dict.placeholder(str)  # the Qwen3-30B-A3B HF directory
   c.model.overrides = config_dict.ConfigDict({"dtype": "bfloat16", "param_dtype": "float32",
-                                              "attention_impl": "blocked", "remat": True})
+                                              "attention_impl": "pallas", "remat": True})
   c.model.template_family = "qwen3"
 
   c.mesh = config_dict.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 1})
