@@ -31,7 +31,7 @@ _FULL_DEPTH = flags.DEFINE_bool("full_depth", False, "compile every layer instea
 
 
 def main(args: cli.Args) -> None:
-  with cli.exit_on_errors():
+  with cli.exit_on_errors(ValueError):  # a mesh the slice cannot take, in one line too
     spec, _ = _FLAGS.resolve(args, step_spec)
     slice_name = _TOPOLOGY.value or spec.topology
     if not slice_name:
