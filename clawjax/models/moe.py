@@ -2,16 +2,76 @@
 top-k probabilities) over SwiGLU experts, computed with sorted grouped matmuls (`jax.lax.ragged_dot`):
 each (token, choice) pair is sorted by expert, so the work is top_k expert MLPs per token, not n_experts.
 No capacity limit and no token dropping, so the output equals HF's per-expert loop exactly.
+
+Under the learner's mesh (logical axis rules active while tracing, as in `clawjax.sharding.under_mesh`)
+the block runs per shard (`shard_map`), like attention: each device routes only its own tokens (split
+over the batch axes), and computes only the experts it holds (split over "expert") on the slice of the
+expert MLPs it holds (split over "mlp"); the tokens are the same on every device of an expert / tensor
+group, whose partial outputs are summed (`psum`). The weights' FSDP-split "embed" dim is all-gathered
+inside, one layer at a time. Without a mesh (the engine, eager calls) the same computation runs on
+whole arrays.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.core import spmd
+from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
-from clawjax.models.layers import constrain, param
+from clawjax.models.layers import param
+from clawjax.sharding import logical_to_mesh
+
+GATE_AXES = ("expert", "embed", "mlp")  # gate and up: [E, D, F]
+DOWN_AXES = ("expert", "mlp", "embed")  # [E, F, D]
+ROUTER_AXES = ("embed", None)           # [D, E]
+
+
+def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(router logits [N, E] float32, top-k weights [N, k] float32, top-k expert ids [N, k])."""
+  logits_NE = jnp.einsum("nd,de->ne", x_ND, router_DE.astype(x_ND.dtype), preferred_element_type=jnp.float32)
+  weights_NK, experts_NK = jax.lax.top_k(jax.nn.softmax(logits_NE, axis=-1), cfg.top_k)
+  if cfg.norm_topk_prob:
+    weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
+  return logits_NE, weights_NK, experts_NK
+
+
+def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, up_EDF: jax.Array,
+                   down_EFD: jax.Array, cfg: ModelConfig, first_expert: jax.Array | int = 0) -> jax.Array:
+  """sum over the top-k choices of weight x expert MLP(x) [N, D], counting only the experts held here:
+  `first_expert` .. `first_expert` + E_here - 1 (E_here = gate_EDF.shape[0]); the other choices give 0.
+  With every expert held (first_expert 0, E_here = n_experts) it is the whole block."""
+  n, d = x_ND.shape
+  k, e_here = cfg.top_k, gate_EDF.shape[0]
+  _, weights_NK, experts_NK = route(x_ND, router_DE, cfg)
+  # Renumbered so the experts held here come first: their pairs lead the sorted order, where
+  # ragged_dot's groups cover them; the pairs of other experts trail, outside every group.
+  local_NK = (experts_NK - first_expert) % cfg.n_experts
+  order_M = jnp.argsort(local_NK.reshape(-1), stable=True)  # M = N * k (token, choice) pairs
+  x_MD = x_ND[order_M // k]
+  group_sizes_E = jnp.bincount(local_NK.reshape(-1), length=e_here).astype(jnp.int32)
+  gate_MF = jax.lax.ragged_dot(x_MD, gate_EDF.astype(cfg.dtype), group_sizes_E)
+  up_MF = jax.lax.ragged_dot(x_MD, up_EDF.astype(cfg.dtype), group_sizes_E)
+  y_MD = jax.lax.ragged_dot(jax.nn.silu(gate_MF) * up_MF, down_EFD.astype(cfg.dtype), group_sizes_E)
+  y_NKD = jnp.zeros_like(y_MD).at[order_M].set(y_MD).reshape(n, k, d)
+  # Rows outside the groups are not defined by ragged_dot's contract: other experts' choices are zeroed.
+  y_NKD = jnp.where((local_NK < e_here)[..., None], y_NKD, 0)
+  return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype))
+
+
+def _axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _spec_entry(axes: tuple[str, ...]) -> str | tuple[str, ...] | None:
+  return axes if len(axes) > 1 else (axes[0] if axes else None)
 
 
 class MoE(nnx.Module):
@@ -21,34 +81,55 @@ class MoE(nnx.Module):
     self.cfg = cfg
     d, e, f = cfg.d_model, cfg.n_experts, cfg.moe_mlp_dim
     # The router is small and read by every token: replicated rather than split over "expert".
-    self.router = param(rngs, (d, e), ("embed", None), cfg.param_dtype)
-    self.gate = param(rngs, (e, d, f), ("expert", "embed", "mlp"), cfg.param_dtype, fan_in=d)
-    self.up = param(rngs, (e, d, f), ("expert", "embed", "mlp"), cfg.param_dtype, fan_in=d)
-    self.down = param(rngs, (e, f, d), ("expert", "mlp", "embed"), cfg.param_dtype, fan_in=f)
+    self.router = param(rngs, (d, e), ROUTER_AXES, cfg.param_dtype)
+    self.gate = param(rngs, (e, d, f), GATE_AXES, cfg.param_dtype, fan_in=d)
+    self.up = param(rngs, (e, d, f), GATE_AXES, cfg.param_dtype, fan_in=d)
+    self.down = param(rngs, (e, f, d), DOWN_AXES, cfg.param_dtype, fan_in=f)
 
   def route(self, x_ND: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(router logits [N, E] float32, top-k weights [N, k] float32, top-k expert ids [N, k])."""
-    logits_NE = jnp.einsum("nd,de->ne", x_ND, self.router[...].astype(x_ND.dtype),
-                           preferred_element_type=jnp.float32)
-    weights_NK, experts_NK = jax.lax.top_k(jax.nn.softmax(logits_NE, axis=-1), self.cfg.top_k)
-    if self.cfg.norm_topk_prob:
-      weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
-    return logits_NE, weights_NK, experts_NK
+    return route(x_ND, self.router[...], self.cfg)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     cfg = self.cfg
-    b, t, d = x_BTD.shape
-    x_ND = x_BTD.astype(cfg.dtype).reshape(b * t, d)
-    _, weights_NK, experts_NK = self.route(x_ND)
-    k = cfg.top_k
-    order_M = jnp.argsort(experts_NK.reshape(-1), stable=True)  # M = N * k (token, choice) pairs
-    x_MD = x_ND[order_M // k]
-    group_sizes_E = jnp.bincount(experts_NK.reshape(-1), length=cfg.n_experts).astype(jnp.int32)
-    gate_MF = jax.lax.ragged_dot(x_MD, self.gate[...].astype(cfg.dtype), group_sizes_E)
-    up_MF = jax.lax.ragged_dot(x_MD, self.up[...].astype(cfg.dtype), group_sizes_E)
-    # Expert MLPs tensor-parallel over "mlp" like the dense MLP; the sort by expert is over all tokens.
-    h_MF = constrain(jax.nn.silu(gate_MF) * up_MF, (None, "mlp"))
-    y_MD = jax.lax.ragged_dot(h_MF, self.down[...].astype(cfg.dtype), group_sizes_E)
-    y_NKD = jnp.zeros_like(y_MD).at[order_M].set(y_MD).reshape(b * t, k, d)
-    out_ND = jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype))
-    return out_ND.reshape(b, t, d)
+    x_BTD = x_BTD.astype(cfg.dtype)
+    weights = (self.router[...], self.gate[...], self.up[...], self.down[...])
+    rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
+    if not rules or mesh.empty:
+      b, t, d = x_BTD.shape
+      return experts_output(x_BTD.reshape(b * t, d), *weights, cfg).reshape(b, t, d)
+    return self._per_shard(x_BTD, *weights, mesh=mesh, rules=rules)
+
+  def _per_shard(self, x_BTD: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, up_EDF: jax.Array,
+                 down_EFD: jax.Array, *, mesh: AbstractMesh, rules: Sequence[tuple[str, Any]]) -> jax.Array:
+    """The block under a mesh: see the module docstring."""
+    cfg = self.cfg
+    router_spec = logical_to_mesh(ROUTER_AXES, router_DE.shape, mesh, rules)
+    gate_spec = logical_to_mesh(GATE_AXES, gate_EDF.shape, mesh, rules)
+    down_spec = logical_to_mesh(DOWN_AXES, down_EFD.shape, mesh, rules)
+    expert_axes, mlp_axes = _axes(gate_spec[0]), _axes(gate_spec[2])
+    summed = expert_axes + mlp_axes  # each device's output is its experts' and MLP slice's share
+    # Tokens split over the batch (and length) axes, but never over an axis that splits the experts or
+    # their MLPs: every device of such a group must see the same tokens for the psum to add up.
+    x_spec = logical_to_mesh(("batch", "length", None), x_BTD.shape, mesh, rules)
+    x_spec = P(*(_spec_entry(tuple(a for a in _axes(e) if a not in summed)) for e in x_spec))
+
+    def gather(w: jax.Array, spec: P, dim: int) -> jax.Array:
+      axes = _axes(spec[dim])  # the FSDP split of "embed": whole rows for the matmuls
+      return jax.lax.all_gather(w, axes, axis=dim, tiled=True) if axes else w
+
+    def one_shard(x_btD, router_dE, gate_edf, up_edf, down_efd):
+      b, t, d = x_btD.shape
+      # The tokens are the same on each device of an expert / tensor group, but each device's outputs are
+      # a different part of the sum: marked varying, their gradient is summed over the group (the gather
+      # in this device's sort order leaves them invariant, and the gradient would be one device's part).
+      if summed:
+        x_btD = jax.lax.pcast(x_btD, summed, to="varying")
+      first_expert = jax.lax.axis_index(expert_axes) * gate_edf.shape[0] if expert_axes else 0
+      out_nD = experts_output(x_btD.reshape(b * t, d), gather(router_dE, router_spec, 0),
+                              gather(gate_edf, gate_spec, 1), gather(up_edf, gate_spec, 1),
+                              gather(down_efd, down_spec, 2), cfg, first_expert)
+      return (jax.lax.psum(out_nD, summed) if summed else out_nD).reshape(b, t, d)
+
+    return jax.shard_map(one_shard, mesh=mesh, in_specs=(x_spec, router_spec, gate_spec, gate_spec, down_spec),
+                         out_specs=x_spec)(x_BTD, router_DE, gate_EDF, up_EDF, down_EFD)

@@ -90,6 +90,10 @@ def test_moe_experts_shard_over_expert_axis_and_step_matches_single_device():
   mesh = sharding.make_mesh(sharding.MeshConfig(data=2, tensor=2, expert=2))
   make = lambda: Decoder(TINY_MOE, rngs=nnx.Rngs(0))
   learner = _assert_step_matches_single_device(CFG, make, mesh, _batch(1))
+  # The block runs per shard over every mesh axis (tokens over data, experts, MLP slices).
+  text = learner._train.lower(learner.state, learner.prepare(_batch(1)), learner.rest).as_text()
+  manual = re.findall(r"sdy\.manual_computation.*manual_axes=\{([^}]*)\}", text)
+  assert any({"data", "tensor", "expert"} <= set(re.findall(r'"(\w+)"', m)) for m in manual), manual
   moe = learner.state.params["policy"]["layers"][0]["mlp"]
   # [E, D, F] and [E, F, D]: experts over "expert", the expert MLP tensor-parallel over "mlp"; "embed" is
   # unsplit (fsdp = 1); the router is replicated over experts.
@@ -117,3 +121,12 @@ def test_blocked_attention_runs_per_shard_and_step_matches_single_device():
   manual = re.findall(r"sdy\.manual_computation.*manual_axes=\{([^}]*)\}", text)
   assert manual and all({"data", "fsdp", "tensor"} <= set(re.findall(r'"(\w+)"', m)) for m in manual), manual
   _assert_step_matches_single_device(CFG, make, mesh, batch)
+
+
+def test_moe_step_on_an_fsdp_and_expert_mesh_matches_single_device():
+  """Rows over fsdp, the experts' "embed" dim FSDP-split (gathered inside the per-shard block), experts
+  over "expert"."""
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=4, expert=2))
+  make = lambda: Decoder(TINY_MOE, rngs=nnx.Rngs(0))
+  learner = _assert_step_matches_single_device(CFG, make, mesh, _batch(1))
+  assert learner.state.params["policy"]["layers"][0]["mlp"]["gate"].value.sharding.spec == P("expert", "fsdp", None)
