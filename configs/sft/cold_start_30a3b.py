@@ -23,6 +23,11 @@ conversations; with ClawGym's trajectories (a 64K context, most of them long) a 
 it. The mesh, precision and memory settings follow configs/paper/common.py (bfloat16 activations on
 float32 master weights, as OpenRLHF's --bf16 with ZeRO keeps them; parameters and optimizer state
 sharded over every device; layers recomputed in the backward pass; a micro-batch one row per device).
+
+Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at f42c31a, 2026-12-04, on a
+2-core CPU host, compile-only devices): it does not fit yet, 752.4 GiB per device (5.3 of them parameters
+and Adam state) against 95 GiB of HBM: per-layer activations, see BENCHMARKS.md. 1.34e18 FLOPs a step,
+45.5 s at the chips' peak.
 """
 
 from ml_collections import config_dict
