@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
-from clawjax.aot.target import CompileTarget
 from clawjax.config import ConfigError
 from clawjax.models.config import PRESETS, ModelConfig
 from clawjax.rl.config import LearnerConfig
-from clawjax.sharding import MeshConfig
+from clawjax.sft.config import SFTRunConfig
+from clawjax.sharding import CompileTarget, MeshConfig
+from clawjax.train.config import TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,13 +32,13 @@ class StepSpec:
   topology: str | None      # the config's compile.topology
 
 
+def _is_rl(values: Mapping[str, Any]) -> bool:
+  """An RL config (TrainConfig: tasks, a `batch` section) rather than the SFT stage's (SFTRunConfig)."""
+  return "batch" in values or "tasks" in values
+
+
 def _run_config_class(values: Mapping[str, Any]) -> type:
-  """TrainConfig for an RL config (it has a `batch` section), else the SFT stage's SFTRunConfig."""
-  if "batch" in values or "tasks" in values:
-    from clawjax.train.config import TrainConfig
-    return TrainConfig
-  from clawjax.sft.config import SFTRunConfig
-  return SFTRunConfig
+  return TrainConfig if _is_rl(values) else SFTRunConfig
 
 
 def _section(cls: type, values: Mapping[str, Any], name: str) -> Any:
@@ -78,7 +79,7 @@ def step_spec(config: Any, overrides: Sequence[str] = ()) -> StepSpec:
     node[leaf] = value
   section = lambda name: _section(cls, values, name)
   model, model_name = _model(section("model"), section("compile"))
-  if "batch" in values or cls.__name__ == "TrainConfig":
+  if _is_rl(values):
     rows, row_len = section("batch").rows, section("batch").row_len
   else:
     rows, row_len = section("rows"), section("max_len")

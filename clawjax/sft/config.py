@@ -20,13 +20,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
-from clawjax.aot.target import CompileTarget
 from clawjax.config import ConfigError
 from clawjax.distributed import DistributedConfig
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
 from clawjax.run.settings import ModelSettings
-from clawjax.sharding import MeshConfig
+from clawjax.sharding import CompileTarget, MeshConfig
 from clawjax.tree.filters import FilterConfig
 
 BAD_LINES = ("stop", "skip")     # a malformed line stops the run, or is skipped and counted
@@ -102,8 +101,6 @@ class SFTRunConfig:
   # Several processes (one per host, the same command on each with its own process_id) run one stage:
   # each reads the data and plans alike, then feeds its share of every update's rows (clawjax/sft/loop.py).
   distributed: DistributedConfig = DistributedConfig()
-  # The accelerator slice (and architecture) experiments/compile.py compiles the learner step for; the run
-  # itself never reads it.
   compile: CompileTarget = CompileTarget()
 
   def __post_init__(self):

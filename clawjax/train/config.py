@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
-from clawjax.aot.target import CompileTarget
 from clawjax.config import ConfigError
 from clawjax.distributed import DistributedConfig
 from clawjax.harness.adapters import ADAPTERS
@@ -26,7 +25,7 @@ from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
 from clawjax.run.settings import EngineSettings, ModelSettings
 from clawjax.serving.server import ShimConfig
-from clawjax.sharding import MeshConfig
+from clawjax.sharding import CompileTarget, MeshConfig
 from clawjax.train.cold_start import SFTConfig, check_demonstrator
 from clawjax.train.step_data import BatchConfig
 from clawjax.tree.filters import FilterConfig
@@ -88,8 +87,6 @@ class TrainConfig:
   mesh: MeshConfig = MeshConfig(data=-1)
   # Several processes (one per host, the same command on each): clawjax.distributed.DistributedConfig.
   distributed: DistributedConfig = DistributedConfig()
-  # The accelerator slice (and architecture) experiments/compile.py compiles the learner step for; the run
-  # itself never reads it.
   compile: CompileTarget = CompileTarget()
   shim: ShimConfig = dataclasses.field(default_factory=lambda: ShimConfig(log_dir=""))
   rollout: RolloutConfig = RolloutConfig()
