@@ -39,3 +39,14 @@ def test_remat_step_equals_plain_step(model_cfg: ModelConfig, policy: str):
 def test_unknown_remat_policy_is_named():
   with pytest.raises(ValueError, match="remat_policy"):
     TINY.replace(remat_policy="save_only_these_names")
+
+
+@pytest.mark.slow
+def test_remat_step_with_a_sharded_moe_equals_the_single_device_step():
+  """remat around the MoE block's per-shard computation (fsdp, tensor and expert all split)."""
+  from clawjax import sharding
+  from tests.rl.test_activation_sharding import CFG as SGD, _assert_step_matches_single_device, _batch as batch
+
+  mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=2, tensor=2, expert=2))
+  make = lambda: Decoder(TINY_MOE.replace(remat=True), rngs=nnx.Rngs(0))
+  _assert_step_matches_single_device(SGD, make, mesh, batch(1))
