@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import RMSNorm, apply_rope, constrain, param
-from clawjax.models.pallas_attention import pallas_attention
+from clawjax.models.pallas_attention import pad_to_block, pallas_attention
 from clawjax.sharding import logical_to_mesh
 
 _NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN
@@ -91,11 +91,8 @@ def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *,
   kv = k_BTKH.shape[2]
   g = n // kv
   pad = -t % block
-  if pad:  # padded positions get segment 0: invisible, and their outputs are sliced off
-    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-    q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH))
-    segment_ids_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, pad)))
-    subtree_end_BT = jnp.pad(subtree_end_BT, ((0, 0), (0, pad)))
+  q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT = pad_to_block(
+      pad, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT)
   nb = (t + pad) // block
   scale = h ** -0.5
   # Leading block axis for scan/map: [nb, B, block, ...].

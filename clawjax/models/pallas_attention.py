@@ -13,6 +13,9 @@ step past the list's end repeats the last block index (no new DMA) and skips its
 pass walks the transposed table (visible query blocks per key block) for dK/dV and the same lists as the
 forward pass for dQ, recomputing the probabilities from the saved logsumexp: nothing of size [T, T].
 
+GQA: a grid step holds the G query heads of one KV head, so a key/value block is fetched once for the
+group; dK/dV sum the group's heads in the kernel.
+
 Numerics: inputs in their dtype (bf16 on TPU), matmuls accumulate in f32, softmax statistics and
 accumulators are f32 scratch.
 
@@ -21,8 +24,8 @@ interpret mode (`lax.platform_dependent` picks per lowering platform, so a jit c
 topology from a CPU host gets the Mosaic kernel). No GPU (Triton/Mosaic GPU) kernel: a GPU runs the
 interpreter, correct but slow; use "blocked" there.
 
-Scalar-prefetch size: the lists take B * nq * nq int32 of SMEM (nq = padded T / block); at block 512 and
-a 64K-token row that is 64 KiB per row on a device.
+Scalar-prefetch size: each kernel's list takes B * nq^2 int32 of SMEM (nq = padded T / block), per
+device: at a 64K-token row 64 KiB per row at block 512 (the default), 1 MiB at block 256.
 """
 
 from __future__ import annotations
@@ -66,131 +69,172 @@ def compact(table_Bqk: jax.Array) -> tuple[jax.Array, jax.Array]:
 def pallas_attention_flops(visible_blocks: int | jax.Array, block: int, head_dim: int, n_heads: int,
                            backward: bool = True) -> float:
   """Analytical FLOPs of the kernel (cost analysis cannot see inside it). `visible_blocks`: visible
-  (query block, key block) pairs summed over rows (`block_table(...).sum()`). Forward: QK^T and PV,
-  2 * 2 * block^2 * head_dim per pair and query head; backward: recomputed QK^T plus dP, dQ, dK, dV, 2.5x
-  the forward."""
-  forward = 4.0 * float(visible_blocks) * block * block * head_dim * n_heads
-  return forward * 3.5 if backward else forward
+  (query block, key block) pairs summed over rows (`block_table(...).sum()`); `n_heads`: query heads.
+  Each visible pair and query head costs matmuls of block x block x head_dim (2 * block^2 * head_dim
+  FLOPs each): 2 forward (QK^T, PV); backward 3 in the dQ kernel (QK^T, dO V^T, dS K) and 4 in the dK/dV
+  kernel (QK^T, P^T dO, dO V^T, dS^T Q). `backward`: forward + backward (9 matmuls), else forward (2)."""
+  matmuls = 9 if backward else 2
+  return matmuls * 2.0 * float(visible_blocks) * block * block * head_dim * n_heads
 
 
-def _mask(q_seg_Q1, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
-  """[Q, K] bool: the mask rule on one (query block, key block) tile."""
+def pad_to_block(pad: int, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT) -> tuple[jax.Array, ...]:
+  """The kernel arguments with `pad` positions appended to T (both block kernels tile T): padded
+  positions get segment 0, so they are invisible, and their outputs are sliced off."""
+  if not pad:
+    return q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT
+  widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+  return (*(jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH)),
+          *(jnp.pad(x, ((0, 0), (0, pad))) for x in (segment_ids_BT, subtree_end_BT)))
+
+
+def _column(row_1Q: jax.Array) -> jax.Array:
+  """(1, Q) f32 -> (Q, 1). Per-query values travel as lane-dense rows: a [.., T, 1] array would be padded
+  to 128 lanes in TPU memory (a 64K-token row's logsumexp per head: 32 MiB instead of 256 KiB)."""
+  return jnp.broadcast_to(row_1Q, (128, row_1Q.shape[1])).T[:, :1]
+
+
+def _row(column_Q1: jax.Array) -> jax.Array:
+  """(Q, 1) f32 -> (1, Q), the inverse of `_column`."""
+  return jnp.broadcast_to(column_Q1, (column_Q1.shape[0], 128)).T[:1, :]
+
+
+def _mask(q_seg_1Q, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
+  """[Q, K] bool: the mask rule on one (query block, key block) tile (query segment ids as f32)."""
+  q_seg_Q1 = _column(q_seg_1Q).astype(jnp.int32)
   q_index_Q1 = q_start + jax.lax.broadcasted_iota(jnp.int32, q_seg_Q1.shape, 0)
   k_index_1K = k_start + jax.lax.broadcasted_iota(jnp.int32, k_seg_1K.shape, 1)
   return ((q_seg_Q1 == k_seg_1K) & (q_seg_Q1 != 0) & (k_index_1K <= q_index_Q1) & (q_index_Q1 < k_end_1K))
 
 
+def _walk(list_ref, count_ref, seg_refs, *, block: int, nq: int, outer_is_query: bool, init, visible,
+          finish) -> None:
+  """The grid's last axis walks the outer block's (axis 2) list of visible inner blocks: `init()` at the
+  first step, `visible(mask_QK)` at each step within the list, `finish()` at the last step."""
+  step, outer = pl.program_id(3), pl.program_id(2)
+  row = pl.program_id(0) * nq + outer
+  pl.when(step == 0)(init)
+
+  @pl.when(step < count_ref[row])
+  def _visible_block():
+    inner = list_ref[row * nq + step]
+    qi, kj = (outer, inner) if outer_is_query else (inner, outer)
+    q_seg_ref, k_seg_ref, k_end_ref = seg_refs
+    visible(_mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block))
+
+  pl.when(step == pl.num_programs(3) - 1)(finish)
+
+
 def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, k_end_ref,
                     o_ref, lse_ref, m_scr, l_scr, acc_scr, *, block: int, nq: int, scale: float):
-  b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-  row = b * nq + qi
+  """Grid (row, KV head, query block, step over its visible key blocks); q/o blocks hold the G query
+  heads of the KV head, so a key/value block is fetched once for the group."""
 
-  @pl.when(step == 0)
-  def _init():
+  def init():
     m_scr[...] = jnp.full(m_scr.shape, _NEG, jnp.float32)
     l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
     acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    kj = kv_list_ref[row * nq + step]
-    mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
-    s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    s_QK = jnp.where(mask_QK, s_QK, _NEG)
-    m_prev_Q1 = m_scr[...]
-    m_new_Q1 = jnp.maximum(m_prev_Q1, jnp.max(s_QK, axis=1, keepdims=True))
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - m_new_Q1), 0.0)
-    correction_Q1 = jnp.exp(m_prev_Q1 - m_new_Q1)
-    l_scr[...] = l_scr[...] * correction_Q1 + jnp.sum(p_QK, axis=1, keepdims=True)
-    pv_QH = jnp.dot(p_QK.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    acc_scr[...] = acc_scr[...] * correction_Q1 + pv_QH
-    m_scr[...] = m_new_Q1
+  def visible(mask_QK):
+    k_KH, v_KH = k_ref[...], v_ref[...]
+    for g in range(q_ref.shape[0]):
+      s_QK = jax.lax.dot_general(q_ref[g], k_KH, _NT, preferred_element_type=jnp.float32) * scale
+      s_QK = jnp.where(mask_QK, s_QK, _NEG)
+      m_prev_Q1 = m_scr[g]
+      m_new_Q1 = jnp.maximum(m_prev_Q1, jnp.max(s_QK, axis=1, keepdims=True))
+      p_QK = jnp.where(mask_QK, jnp.exp(s_QK - m_new_Q1), 0.0)
+      correction_Q1 = jnp.exp(m_prev_Q1 - m_new_Q1)
+      l_scr[g] = l_scr[g] * correction_Q1 + jnp.sum(p_QK, axis=1, keepdims=True)
+      pv_QH = jnp.dot(p_QK.astype(v_KH.dtype), v_KH, preferred_element_type=jnp.float32)
+      acc_scr[g] = acc_scr[g] * correction_Q1 + pv_QH
+      m_scr[g] = m_new_Q1
 
-  @pl.when(step == pl.num_programs(3) - 1)
-  def _finish():
-    l_Q1 = l_scr[...]
-    seen_Q1 = l_Q1 > 0
-    o_ref[...] = (acc_scr[...] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
-    # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
-    lse_ref[...] = jnp.where(seen_Q1, m_scr[...] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0)
+  def finish():
+    for g in range(q_ref.shape[0]):
+      l_Q1 = l_scr[g]
+      seen_Q1 = l_Q1 > 0
+      o_ref[g] = (acc_scr[g] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
+      # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
+      lse_ref[g] = _row(jnp.where(seen_Q1, m_scr[g] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0))
+
+  _walk(kv_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=True,
+        init=init, visible=visible, finish=finish)
+
+
+def _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_1Q, delta_1Q, mask_QK, scale: float):
+  """Recomputed probabilities P and the scores' gradient dS = P * (dO V^T - delta) of one tile (f32)."""
+  s_QK = jax.lax.dot_general(q_QH, k_KH, _NT, preferred_element_type=jnp.float32) * scale
+  p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_1Q)), 0.0)
+  dp_QK = jax.lax.dot_general(do_QH, v_KH, _NT, preferred_element_type=jnp.float32)
+  return p_QK, p_QK * (dp_QK - _column(delta_1Q))
 
 
 def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
                k_seg_ref, k_end_ref, dq_ref, dq_scr, *, block: int, nq: int, scale: float):
-  b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-  row = b * nq + qi
+  """The forward pass's grid and lists; dQ of the group's G query heads."""
 
-  @pl.when(step == 0)
-  def _init():
+  def init():
     dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
 
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    kj = kv_list_ref[row * nq + step]
-    mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
-    s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - lse_ref[...]), 0.0)
-    dp_QK = jax.lax.dot_general(do_ref[...], v_ref[...], _NT, preferred_element_type=jnp.float32)
-    ds_QK = p_QK * (dp_QK - delta_ref[...])
-    dq_scr[...] += jnp.dot(ds_QK.astype(k_ref.dtype), k_ref[...], preferred_element_type=jnp.float32)
+  def visible(mask_QK):
+    k_KH, v_KH = k_ref[...], v_ref[...]
+    for g in range(q_ref.shape[0]):
+      _, ds_QK = _probs_and_dscores(q_ref[g], k_KH, v_KH, do_ref[g], lse_ref[g], delta_ref[g], mask_QK, scale)
+      dq_scr[g] += jnp.dot(ds_QK.astype(k_KH.dtype), k_KH, preferred_element_type=jnp.float32)
 
-  @pl.when(step == pl.num_programs(3) - 1)
-  def _finish():
+  def finish():
     dq_ref[...] = (dq_scr[...] * scale).astype(dq_ref.dtype)
+
+  _walk(kv_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=True,
+        init=init, visible=visible, finish=finish)
 
 
 def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
                 k_seg_ref, k_end_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, block: int, nq: int, scale: float):
-  b, kj, g, step = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
-  row = b * nq + kj
+  """Grid (row, KV head, key block, step over the query blocks that see it); the group's G query heads
+  accumulate into the KV head's dK and dV."""
 
-  @pl.when((g == 0) & (step == 0))
-  def _init():
+  def init():
     dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
     dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
 
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    qi = q_list_ref[row * nq + step]
-    mask_QK = _mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block)
-    s_QK = jax.lax.dot_general(q_ref[...], k_ref[...], _NT, preferred_element_type=jnp.float32) * scale
-    p_QK = jnp.where(mask_QK, jnp.exp(s_QK - lse_ref[...]), 0.0)
-    do_QH = do_ref[...]
-    dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
-    dp_QK = jax.lax.dot_general(do_QH, v_ref[...], _NT, preferred_element_type=jnp.float32)
-    ds_QK = p_QK * (dp_QK - delta_ref[...])
-    dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_ref.dtype), q_ref[...], _TN,
-                                       preferred_element_type=jnp.float32)
+  def visible(mask_QK):
+    k_KH, v_KH = k_ref[...], v_ref[...]
+    for g in range(q_ref.shape[0]):
+      q_QH, do_QH = q_ref[g], do_ref[g]
+      p_QK, ds_QK = _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_ref[g], delta_ref[g], mask_QK, scale)
+      dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
+      dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_QH.dtype), q_QH, _TN, preferred_element_type=jnp.float32)
 
-  @pl.when((g == pl.num_programs(3) - 1) & (step == pl.num_programs(4) - 1))
-  def _finish():
+  def finish():
     dk_ref[...] = (dk_scr[...] * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
 
+  _walk(q_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=False,
+        init=init, visible=visible, finish=finish)
+
 
 class _Layout:
-  """Kernel-side arrays of one call: heads-major q/k/v [B, heads, T, H] (T padded to the block), the
-  segment ids as a column [B, T, 1] (queries) and as rows [B, 1, T] (keys), and the compacted lists."""
+  """Kernel-side arrays of one call besides q/k/v: segment ids and subtree ends as rows [B, 1, T] (the
+  queries' segment ids as f32, turned into a column in the kernel), and the compacted lists."""
 
   def __init__(self, segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int):
     self.block = block
-    self.b, self.t = segment_ids_BT.shape
-    self.nq = self.t // block
+    self.nq = segment_ids_BT.shape[1] // block
     table_Bqk = block_table(segment_ids_BT, subtree_end_BT, block)
     kv_list_Bqk, kv_count_Bq = compact(table_Bqk)
     q_list_Bkq, q_count_Bk = compact(table_Bqk.swapaxes(1, 2))
     # Flat 1-D prefetch arrays: SMEM pads the minor dimension of 2-D arrays.
     self.kv_list, self.kv_count = kv_list_Bqk.reshape(-1), kv_count_Bq.reshape(-1)
     self.q_list, self.q_count = q_list_Bkq.reshape(-1), q_count_Bk.reshape(-1)
-    self.q_seg_BT1 = segment_ids_BT[:, :, None]
+    self.q_seg_B1T = segment_ids_BT[:, None, :].astype(jnp.float32)  # exact below 2^24 segments
     self.k_seg_B1T = segment_ids_BT[:, None, :]
     self.k_end_B1T = subtree_end_BT[:, None, :]
 
 
 def _seg_specs(block: int, q_block, k_block) -> list[pl.BlockSpec]:
-  """Block specs of (q segment column, k segment row, k subtree-end row); q_block / k_block map the grid
-  indices (and prefetch refs) to the query / key block index."""
-  return [pl.BlockSpec((None, block, 1), lambda *a: (a[0], q_block(*a), 0)),
+  """Block specs of the (q segment, k segment, k subtree end) rows; q_block / k_block map the grid indices
+  (and prefetch refs) to the query / key block index."""
+  return [pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, q_block(*a))),
           pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, k_block(*a))),
           pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, k_block(*a)))]
 
@@ -203,85 +247,77 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, inte
       compiler_params=pltpu.CompilerParams(dimension_semantics=semantics))
 
 
-def _forward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, interpret: bool):
-  b, n, t, h = q_BNTH.shape
-  groups = n // k_BKTH.shape[1]
+def _forward(lay: _Layout, q_BKGTH, k_BKTH, v_BKTH, interpret: bool):
+  b, kv, groups, t, h = q_BKGTH.shape
   blk, nq = lay.block, lay.nq
-  kv_block = lambda bi, ni, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_block = lambda bi, ni, qi, s, kv_list, count: qi
-  q_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
-  kv_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, kv_list, count:
-                         (bi, ni // groups, kv_list[(bi * nq + qi) * nq + s], 0))
-  stat_spec = pl.BlockSpec((None, None, blk, 1), lambda bi, ni, qi, s, *_: (bi, ni, qi, 0))
+  kv_block = lambda bi, ki, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
+  q_spec = pl.BlockSpec((None, None, groups, blk, h), lambda bi, ki, qi, s, *_: (bi, ki, 0, qi, 0))
+  kv_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (a[0], a[1], kv_block(*a), 0))
+  stat_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda bi, ki, qi, s, *_: (bi, ki, 0, 0, qi))
   kernel = functools.partial(_forward_kernel, block=blk, nq=nq, scale=h ** -0.5)
-  o_BNTH, lse_BNT1 = _call(
-      kernel, (b, n, nq, nq), [q_spec, kv_spec, kv_spec] + _seg_specs(blk, q_block, kv_block),
+  return _call(
+      kernel, (b, kv, nq, nq), [q_spec, kv_spec, kv_spec] + _seg_specs(blk, lambda bi, ki, qi, *_: qi, kv_block),
       [q_spec, stat_spec],
-      [jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype), jax.ShapeDtypeStruct((b, n, t, 1), jnp.float32)],
-      [pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, h), jnp.float32)],
+      [jax.ShapeDtypeStruct(q_BKGTH.shape, q_BKGTH.dtype), jax.ShapeDtypeStruct((b, kv, groups, 1, t), jnp.float32)],
+      [pltpu.VMEM((groups, blk, 1), jnp.float32), pltpu.VMEM((groups, blk, 1), jnp.float32),
+       pltpu.VMEM((groups, blk, h), jnp.float32)],
       ("parallel", "parallel", "parallel", "arbitrary"), interpret,
-  )(lay.kv_list, lay.kv_count, q_BNTH, k_BKTH, v_BKTH, lay.q_seg_BT1, lay.k_seg_B1T, lay.k_end_B1T)
-  return o_BNTH, lse_BNT1
+  )(lay.kv_list, lay.kv_count, q_BKGTH, k_BKTH, v_BKTH, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
 
 
-def _backward(lay: _Layout, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BNT1, do_BNTH, interpret: bool):
-  b, n, t, h = q_BNTH.shape
-  kv = k_BKTH.shape[1]
-  groups = n // kv
+def _backward(lay: _Layout, q_BKGTH, k_BKTH, v_BKTH, o_BKGTH, lse_BKG1T, do_BKGTH, interpret: bool):
+  b, kv, groups, t, h = q_BKGTH.shape
   blk, nq = lay.block, lay.nq
   kernel_args = dict(block=blk, nq=nq, scale=h ** -0.5)
   # delta_i = sum_h dO_ih O_ih = sum_j P_ij dP_ij: the softmax's backward correction per query.
-  delta_BNT1 = jnp.sum(do_BNTH.astype(jnp.float32) * o_BNTH.astype(jnp.float32), axis=-1, keepdims=True)
-  operands = (q_BNTH, k_BKTH, v_BKTH, do_BNTH, lse_BNT1, delta_BNT1, lay.q_seg_BT1, lay.k_seg_B1T, lay.k_end_B1T)
+  delta_BKG1T = jnp.sum(do_BKGTH.astype(jnp.float32) * o_BKGTH.astype(jnp.float32), axis=-1)[..., None, :]
+  operands = (q_BKGTH, k_BKTH, v_BKTH, do_BKGTH, lse_BKG1T, delta_BKG1T, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
+  semantics = ("parallel", "parallel", "parallel", "arbitrary")
 
-  # dQ: grid (row, query head, query block, step over its visible key blocks), as the forward pass.
-  kv_block = lambda bi, ni, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_rows = lambda bi, ni, qi, s, *_: (bi, ni, qi, 0)
-  q_spec = pl.BlockSpec((None, None, blk, h), q_rows)
-  kv_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ni, qi, s, kv_list, count:
-                         (bi, ni // groups, kv_block(bi, ni, qi, s, kv_list, count), 0))
-  stat_spec = pl.BlockSpec((None, None, blk, 1), q_rows)
-  dq_BNTH = _call(
-      functools.partial(_dq_kernel, **kernel_args), (b, n, nq, nq),
+  # dQ: the forward pass's grid, over each query block's visible key blocks.
+  kv_block = lambda bi, ki, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
+  q_spec = pl.BlockSpec((None, None, groups, blk, h), lambda bi, ki, qi, s, *_: (bi, ki, 0, qi, 0))
+  kv_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (a[0], a[1], kv_block(*a), 0))
+  stat_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda bi, ki, qi, s, *_: (bi, ki, 0, 0, qi))
+  dq_BKGTH = _call(
+      functools.partial(_dq_kernel, **kernel_args), (b, kv, nq, nq),
       [q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec]
-      + _seg_specs(blk, lambda bi, ni, qi, *_: qi, kv_block),
-      q_spec, jax.ShapeDtypeStruct(q_BNTH.shape, q_BNTH.dtype), [pltpu.VMEM((blk, h), jnp.float32)],
-      ("parallel", "parallel", "parallel", "arbitrary"), interpret,
+      + _seg_specs(blk, lambda bi, ki, qi, *_: qi, kv_block),
+      q_spec, jax.ShapeDtypeStruct(q_BKGTH.shape, q_BKGTH.dtype), [pltpu.VMEM((groups, blk, h), jnp.float32)],
+      semantics, interpret,
   )(lay.kv_list, lay.kv_count, *operands)
 
-  # dK, dV: grid (row, KV head, key block, query head of the group, step over visible query blocks);
-  # the group's query heads accumulate into one KV head's gradient.
-  q_block = lambda bi, ki, kj, g, s, q_list, count: q_list[(bi * nq + kj) * nq + s]
-  q_rows_t = lambda bi, ki, kj, g, s, q_list, count: (bi, ki * groups + g, q_block(bi, ki, kj, g, s, q_list, count), 0)
-  qt_spec = pl.BlockSpec((None, None, blk, h), q_rows_t)
-  k_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ki, kj, g, s, *_: (bi, ki, kj, 0))
-  stat_t_spec = pl.BlockSpec((None, None, blk, 1), q_rows_t)
+  # dK, dV: over each key block's visible query blocks (the transposed table).
+  q_block = lambda bi, ki, kj, s, q_list, count: q_list[(bi * nq + kj) * nq + s]
+  qt_spec = pl.BlockSpec((None, None, groups, blk, h), lambda *a: (a[0], a[1], 0, q_block(*a), 0))
+  k_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ki, kj, s, *_: (bi, ki, kj, 0))
+  stat_t_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda *a: (a[0], a[1], 0, 0, q_block(*a)))
   dk_BKTH, dv_BKTH = _call(
-      functools.partial(_dkv_kernel, **kernel_args), (b, kv, nq, groups, nq),
+      functools.partial(_dkv_kernel, **kernel_args), (b, kv, nq, nq),
       [qt_spec, k_spec, k_spec, qt_spec, stat_t_spec, stat_t_spec]
       + _seg_specs(blk, q_block, lambda bi, ki, kj, *_: kj),
       [k_spec, k_spec],
       [jax.ShapeDtypeStruct(k_BKTH.shape, k_BKTH.dtype), jax.ShapeDtypeStruct(v_BKTH.shape, v_BKTH.dtype)],
       [pltpu.VMEM((blk, h), jnp.float32), pltpu.VMEM((blk, h), jnp.float32)],
-      ("parallel", "parallel", "parallel", "arbitrary", "arbitrary"), interpret,
+      semantics, interpret,
   )(lay.q_list, lay.q_count, *operands)
-  return dq_BNTH, dk_BKTH, dv_BKTH
+  return dq_BKGTH, dk_BKTH, dv_BKTH
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attend(q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block: int, interpret: bool):
-  return _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BNTH, k_BKTH, v_BKTH, interpret)[0]
+def _attend(q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block: int, interpret: bool):
+  return _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BKGTH, k_BKTH, v_BKTH, interpret)[0]
 
 
-def _attend_fwd(q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block, interpret):
-  o_BNTH, lse_BNT1 = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BNTH, k_BKTH, v_BKTH, interpret)
-  return o_BNTH, (q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BNT1)
+def _attend_fwd(q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block, interpret):
+  o_BKGTH, lse_BKG1T = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BKGTH, k_BKTH, v_BKTH, interpret)
+  return o_BKGTH, (q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BKGTH, lse_BKG1T)
 
 
-def _attend_bwd(block, interpret, residuals, do_BNTH):
-  q_BNTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BNTH, lse_BNT1 = residuals
+def _attend_bwd(block, interpret, residuals, do_BKGTH):
+  q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BKGTH, lse_BKG1T = residuals
   lay = _Layout(segment_ids_BT, subtree_end_BT, block)
-  dq, dk, dv = _backward(lay, q_BNTH, k_BKTH, v_BKTH, o_BNTH, lse_BNT1, do_BNTH, interpret)
+  dq, dk, dv = _backward(lay, q_BKGTH, k_BKTH, v_BKTH, o_BKGTH, lse_BKG1T, do_BKGTH, interpret)
   return dq, dk, dv, None, None
 
 
@@ -294,17 +330,17 @@ def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, 
   on TPU; small blocks are fine in interpret mode). `interpret`: None runs Mosaic when lowered for TPU
   and the interpreter elsewhere; True / False force one."""
   b, t, n, h = q_BTNH.shape
+  kv = k_BTKH.shape[2]
   pad = -t % block
-  if pad:  # padded positions get segment 0: invisible, and their outputs are sliced off
-    widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-    q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH))
-    segment_ids_BT = jnp.pad(segment_ids_BT, ((0, 0), (0, pad)))
-    subtree_end_BT = jnp.pad(subtree_end_BT, ((0, 0), (0, pad)))
-  args = (q_BTNH.transpose(0, 2, 1, 3), k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3),
+  q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT = pad_to_block(
+      pad, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT)
+  # Kernel layout: heads-major, a KV head's query heads together ([B, K, G, T, H]).
+  q_BKGTH = q_BTNH.reshape(b, t + pad, kv, n // kv, h).transpose(0, 2, 3, 1, 4)
+  args = (q_BKGTH, k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3),
           segment_ids_BT.astype(jnp.int32), subtree_end_BT.astype(jnp.int32))
   if interpret is None:
-    o_BNTH = jax.lax.platform_dependent(*args, tpu=lambda *a: _attend(*a, block, False),
-                                        default=lambda *a: _attend(*a, block, True))
+    o_BKGTH = jax.lax.platform_dependent(*args, tpu=lambda *a: _attend(*a, block, False),
+                                         default=lambda *a: _attend(*a, block, True))
   else:
-    o_BNTH = _attend(*args, block, interpret)
-  return o_BNTH.transpose(0, 2, 1, 3)[:, :t]
+    o_BKGTH = _attend(*args, block, interpret)
+  return o_BKGTH.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, n, h)[:, :t]

@@ -2,6 +2,8 @@
 random trees (interpret mode on CPU, f32 and bf16), per shard under a mesh, and compiled for a TPU
 topology (Mosaic) from this CPU host."""
 import functools
+import importlib.util
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -111,11 +113,13 @@ def test_decoder_with_pallas_equals_dense():
   assert rel_err(logits, ref) < 1e-5
 
 
-def test_compiles_for_tpu_under_the_learner_mesh():
+def test_compiles_for_tpu_under_the_learner_mesh(monkeypatch):
   """Mosaic, not the interpreter: forward and backward (bf16, block 128, rows over data, heads over
   tensor) compiled for a v5e 2x2 topology on this CPU host, each kernel a TPU custom call."""
   pytest.importorskip("libtpu", reason="libtpu is not installed (the `tpu` extra): no TPU compiler here")
   from jax.experimental import topologies
+  # libtpu takes a machine-wide lock unless told otherwise; compile-only, other processes may hold it.
+  monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
   mesh = sharding.make_mesh(sharding.MeshConfig(data=2, tensor=2), devices=devices)
   b, t, n, kv, h = 4, 2000, 8, 2, 128
@@ -132,3 +136,26 @@ def test_compiles_for_tpu_under_the_learner_mesh():
   assert fwd.lower(*args).compile().as_text().count("tpu_custom_call") == 1
   grad = jax.jit(sharding.under_mesh(jax.grad(loss, argnums=(0, 1, 2)), mesh)).lower(*args).compile()
   assert grad.as_text().count("tpu_custom_call") == 3  # forward, dQ, dK/dV
+
+
+def test_benchmark_reports_consistent_figures(monkeypatch):
+  """benchmarks/tree_attention_kernels.py at toy size: the skip figures add up, and (with libtpu) both
+  kernels compile for one TPU chip outside any mesh, the Pallas one as its three Mosaic kernels."""
+  monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+  import tree_attention_kernels
+  compile_args = ["--compile", "--compile-block", "128", "--heads", "2", "--kv-heads", "1"]
+  has_libtpu = importlib.util.find_spec("libtpu") is not None
+  if has_libtpu:
+    monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  out = tree_attention_kernels.main(
+      ["--row-len", "2048", "--groups", "1", "--rollouts", "2", "--prompt-len", "200", "--calls", "6",
+       "--tokens-per-call", "60", "--blocks", "64", "128"] + compile_args * has_libtpu)
+  for skips in out["skips"]:
+    assert sum(skips["visible_blocks_per_row"]) == skips["visible_blocks"] <= skips["causal_blocks"]
+    assert 0 < skips["skipped_of_causal"] < skips["skipped_of_all"] < 1
+    assert 0 < skips["attended_over_computed"] <= 1
+  if has_libtpu:
+    compiled = out["compiled"]
+    assert compiled["pallas"]["tpu_custom_calls"] == 3 and compiled["blocked"]["tpu_custom_calls"] == 0
+    assert compiled["blocked"]["needed_blocks"] >= compiled["visible_blocks"] > 0
+    assert 0 < compiled["pallas"]["kernel_flops"] < compiled["blocked"]["analytic_flops"]
