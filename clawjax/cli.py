@@ -63,10 +63,10 @@ def parse_flags(argv: list[str]) -> Args:
 class ScriptFlags:
   """The flags every experiment script defines (`define_flags`)."""
   config: flags.FlagHolder
-  workdir: flags.FlagHolder
+  workdir: flags.FlagHolder | None  # None: the script writes nothing (experiments/compile.py)
   print_config: flags.FlagHolder
 
-  def resolve(self, args: Args, make_config: Callable[[Any, Sequence[str]], T]) -> tuple[T, str]:
+  def resolve(self, args: Args, make_config: Callable[[Any, Sequence[str]], T]) -> tuple[T, str | None]:
     """(the typed config `make_config` builds from the file's ConfigDict and the overrides, the workdir).
     With --print_config, prints the config as JSON and exits; without --workdir, exits with an error line.
     A ConfigError propagates (see `exit_on_errors`)."""
@@ -74,18 +74,22 @@ class ScriptFlags:
     if self.print_config.value:
       print(json.dumps(config_lib.to_json(cfg), indent=2))
       sys.exit(0)
+    if self.workdir is None:
+      return cfg, None
     if not self.workdir.value:
       sys.exit("error: --workdir is required")
     return cfg, self.workdir.value
 
 
-def define_flags(config_files: str, workdir_help: str) -> ScriptFlags:
-  """Defines --config (a file such as `config_files`), --workdir and --print_config; call at import."""
+def define_flags(config_files: str, workdir_help: str | None) -> ScriptFlags:
+  """Defines --config (a file such as `config_files`), --workdir (unless `workdir_help` is None) and
+  --print_config; call at import."""
   # config_flags would otherwise read the overrides from sys.argv itself and check them against the file's
   # ConfigDict, not the typed config.
   config = config_flags.DEFINE_config_file("config", None, config_files, lock_config=True,
                                            sys_argv=_split_overrides(sys.argv)[0])
-  return ScriptFlags(config=config, workdir=flags.DEFINE_string("workdir", None, workdir_help),
+  workdir = None if workdir_help is None else flags.DEFINE_string("workdir", None, workdir_help)
+  return ScriptFlags(config=config, workdir=workdir,
                      print_config=flags.DEFINE_bool("print_config", False,
                                                     "print the resolved config as JSON and exit"))
 

@@ -101,6 +101,18 @@ class MeshConfig:
     return (self.dcn_data, self.dcn_fsdp, 1, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class CompileTarget:
+  """The `compile` section of a train or SFT config: what experiments/compile.py (clawjax/aot) compiles
+  the learner step for; the run itself never reads it."""
+  # The accelerator slice the config's mesh and batch are sized for ("v5p:4x4x4", "h200:1x1x8";
+  # clawjax/aot/topology.py): experiments/compile.py's default --topology.
+  topology: str | None = None
+  # The architecture (a clawjax.models.config preset) compiled when model.init is a placeholder, as in the
+  # paper configs, whose weights are a path given at launch.
+  model: str | None = None
+
+
 def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A Mesh with axes MESH_AXES over `devices` (default: all, of every process)."""
   devices = list(jax.devices() if devices is None else devices)

@@ -132,14 +132,22 @@ def _shuffled_rows(key: jax.Array, row_order: jax.Array) -> jax.Array:
   return jnp.where(real, drawn[place], jnp.arange(order.size))
 
 
+def _placed_shape(x: Any, placed: NamedSharding) -> jax.ShapeDtypeStruct:
+  """The shape and dtype of `x` laid out by `placed` (an abstract Learner's state)."""
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed)
+
+
 class Learner:
   """Owns the train state of a policy (and optional critic) on a mesh, and the jitted steps."""
 
   def __init__(self, cfg: LearnerConfig, policy: nnx.Module, *, value: nnx.Module | None = None,
                mesh: Mesh | None = None, rules: Sequence[tuple[str, Any]] = sharding.DEFAULT_RULES,
-               policy_schedule: optax.Schedule | None = None):
+               policy_schedule: optax.Schedule | None = None, abstract: bool = False):
     """`policy_schedule`: the policy's learning rate as a function of its update count, in place of
-    `cfg.lr` warmed up over `cfg.warmup_steps` (the SFT stage's warm-up and cosine decay)."""
+    `cfg.lr` warmed up over `cfg.warmup_steps` (the SFT stage's warm-up and cosine decay).
+    `abstract`: the models hold shapes only (`nnx.eval_shape`); the state is then ShapeDtypeStructs with
+    their shardings, nothing is allocated, and the jitted steps can only be lowered and compiled for the
+    mesh's devices (clawjax/aot: compiling a config for an accelerator from a CPU host)."""
     self.cfg = cfg
     self.loss_spec = check_loss(cfg, where="LearnerConfig")
     if (value is None) != (cfg.value.kind == "none"):
@@ -157,25 +165,31 @@ class Learner:
                 else make_optimizer(cfg, cfg.value.lr) for name in params}
     self.value_tx = make_optimizer(cfg, cfg.value.pretrain_lr)
 
+    def init_state(params: dict[str, nnx.State]) -> TrainState:
+      return TrainState(params=params, opt_state={name: tx.init(params[name]) for name, tx in self.txs.items()},
+                        step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(cfg.seed),
+                        ref_params=jax.tree.map(jnp.copy, params["policy"]) if cfg.kl_coef else None,
+                        value_opt_state=self.value_tx.init(params["value"]) if value is not None else None)
+
+    state = jax.eval_shape(init_state, params) if abstract else init_state(params)
     param_sh = {k: sharding.state_shardings(v, self.mesh, rules) for k, v in params.items()}
-    opt_state = {name: tx.init(params[name]) for name, tx in self.txs.items()}
-    value_opt_state = self.value_tx.init(params["value"]) if value is not None else None
     replicated = NamedSharding(self.mesh, P())
     # Adam's moments are laid out like their parameters (found structurally from each optimizer).
     self.state_sharding = TrainState(
         params=param_sh,
-        opt_state={name: sharding.optimizer_shardings(tx, opt_state[name], param_sh[name], self.mesh)
+        opt_state={name: sharding.optimizer_shardings(tx, state.opt_state[name], param_sh[name], self.mesh)
                    for name, tx in self.txs.items()},
         step=replicated, rng=replicated,
         ref_params=param_sh["policy"] if cfg.kl_coef else None,
         value_opt_state=None if value is None else sharding.optimizer_shardings(
-            self.value_tx, value_opt_state, param_sh["value"], self.mesh))
-    state = TrainState(params=params, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
-                       rng=jax.random.PRNGKey(cfg.seed),
-                       ref_params=jax.tree.map(jnp.copy, policy_params) if cfg.kl_coef else None,
-                       value_opt_state=value_opt_state)
-    self.state: TrainState = jax.device_put(state, self.state_sharding)
-    self.rest = jax.device_put((self.policy_rest, self.value_rest), replicated)
+            self.value_tx, state.value_opt_state, param_sh["value"], self.mesh))
+    rest = (self.policy_rest, self.value_rest)
+    if abstract:
+      self.state: TrainState = jax.tree.map(_placed_shape, state, self.state_sharding)
+      self.rest = jax.tree.map(lambda x: _placed_shape(x, replicated), rest)
+    else:
+      self.state = jax.device_put(state, self.state_sharding)
+      self.rest = jax.device_put(rest, replicated)
 
     batch_sh = DeviceBatch(**{f.name: sharding.batch_sharding(self.mesh, 2 if f.name == "row_order" else 3, leading=1)
                               for f in dataclasses.fields(DeviceBatch)})

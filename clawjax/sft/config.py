@@ -25,7 +25,7 @@ from clawjax.distributed import DistributedConfig
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
 from clawjax.run.settings import ModelSettings
-from clawjax.sharding import MeshConfig
+from clawjax.sharding import CompileTarget, MeshConfig
 from clawjax.tree.filters import FilterConfig
 
 BAD_LINES = ("stop", "skip")     # a malformed line stops the run, or is skipped and counted
@@ -37,7 +37,7 @@ ROLLOUT_FILES = ("rollouts.jsonl", "steps/*/rollouts.jsonl")
 # exports, not what it trains on or its schedule (which follows from the number of updates); and how
 # many processes share the work (each passes its own process_id).
 RESUMABLE_CHANGES = ("progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "eval_every",
-                     "allow_config_change", "export_dir", "distributed")
+                     "allow_config_change", "export_dir", "distributed", "compile")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +101,7 @@ class SFTRunConfig:
   # Several processes (one per host, the same command on each with its own process_id) run one stage:
   # each reads the data and plans alike, then feeds its share of every update's rows (clawjax/sft/loop.py).
   distributed: DistributedConfig = DistributedConfig()
+  compile: CompileTarget = CompileTarget()
 
   def __post_init__(self):
     learner = self.learner

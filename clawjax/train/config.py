@@ -25,7 +25,7 @@ from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
 from clawjax.run.settings import EngineSettings, ModelSettings
 from clawjax.serving.server import ShimConfig
-from clawjax.sharding import MeshConfig
+from clawjax.sharding import CompileTarget, MeshConfig
 from clawjax.train.cold_start import SFTConfig, check_demonstrator
 from clawjax.train.step_data import BatchConfig
 from clawjax.tree.filters import FilterConfig
@@ -38,7 +38,7 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
                      "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root", "distributed")
+                     "rollout.work_root", "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
@@ -88,6 +88,7 @@ class TrainConfig:
   mesh: MeshConfig = MeshConfig(data=-1)
   # Several processes (one per host, the same command on each): clawjax.distributed.DistributedConfig.
   distributed: DistributedConfig = DistributedConfig()
+  compile: CompileTarget = CompileTarget()
   shim: ShimConfig = dataclasses.field(default_factory=lambda: ShimConfig(log_dir=""))
   rollout: RolloutConfig = RolloutConfig()
   filters: FilterConfig = FilterConfig()

@@ -32,7 +32,7 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.model = config_dict.ConfigDict()
   c.model.init = config_dict.placeholder(str)  # HF dir: Qwen3-30B-A3B (Claude Code) or ClawII-Cold (OpenClaw)
   c.model.overrides = config_dict.ConfigDict({"dtype": "bfloat16", "param_dtype": "float32",
-                                              "attention_impl": "blocked", "remat": True})
+                                              "attention_impl": "pallas", "remat": True})
   c.model.template_family = "qwen3"
 
   c.engine = config_dict.ConfigDict()
@@ -41,6 +41,9 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.engine.export_dir = config_dict.placeholder(str)  # a path the SGLang server can read
 
   c.mesh = config_dict.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 1})
+  # The slice these settings are sized for (experiments/compile.py; figures in BENCHMARKS.md), and the
+  # architecture compiled there while model.init is the launch-time placeholder.
+  c.compile = config_dict.ConfigDict({"topology": "v5p:4x4x4", "model": "qwen3-30b-a3b"})
 
   c.shim = config_dict.ConfigDict()
   c.shim.max_context = 65_536    # paper: 64K
@@ -71,7 +74,7 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.learner.kl_coef = 0.0        # ClawGym part I
   c.learner.c_bar = 2.0          # not published; peer systems use 2
   c.learner.temperature = 1.0    # must equal shim.temperature
-  c.learner.micro_batches = 32   # 8 rows of 64K tokens per micro-batch (memory, not published)
+  c.learner.micro_batches = 4    # 64 rows of 64K tokens a micro-batch: one row per device of v5p:4x4x4
   # One update per collected batch, as the paper reports it ("256 rollouts per update"); raise for
   # PPO-style reuse (pi_old frozen over several passes; the PPO paper used 3-10 epochs).
   c.learner.epochs = 1

@@ -7,6 +7,11 @@ r"""GRPO inside Claude Code (Table 1 row ClawII-CC-30A3B), from the Qwen3-30B-A3
       --config.engine.export_dir=SHARED_DIR --workdir=runs/grpo_claude_code_30a3b
 
 Unpublished values are set and documented in configs/paper/common.py.
+
+Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at f42c31a, 2026-12-04, on a
+2-core CPU host, compile-only devices): it does not fit yet, 752.5 GiB per device (5.3 of them parameters
+and Adam state) against 95 GiB of HBM: per-layer activations, see BENCHMARKS.md. 2.67e18 FLOPs a step,
+91.0 s at the chips' peak.
 """
 
 from clawjax.config import config_module

@@ -22,7 +22,12 @@ conversations; with ClawGym's trajectories (a 64K context, most of them long) a 
 128 rows is 128-256 conversations an update: set rows to about 128 x your mean length / 65536 to match
 it. The mesh, precision and memory settings follow configs/paper/common.py (bfloat16 activations on
 float32 master weights, as OpenRLHF's --bf16 with ZeRO keeps them; parameters and optimizer state
-sharded over every device; layers recomputed in the backward pass; 4 rows a micro-batch).
+sharded over every device; layers recomputed in the backward pass; a micro-batch one row per device).
+
+Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at f42c31a, 2026-12-04, on a
+2-core CPU host, compile-only devices): it does not fit yet, 752.4 GiB per device (5.3 of them parameters
+and Adam state) against 95 GiB of HBM: per-layer activations, see BENCHMARKS.md. 1.34e18 FLOPs a step,
+45.5 s at the chips' peak.
 """
 
 from ml_collections import config_dict
@@ -47,10 +52,13 @@ def get_config() -> config_dict.ConfigDict:
   c.model = config_dict.ConfigDict()
   c.model.init = config_dict.placeholder(str)  # the Qwen3-30B-A3B HF directory
   c.model.overrides = config_dict.ConfigDict({"dtype": "bfloat16", "param_dtype": "float32",
-                                              "attention_impl": "blocked", "remat": True})
+                                              "attention_impl": "pallas", "remat": True})
   c.model.template_family = "qwen3"
 
   c.mesh = config_dict.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 1})
+  # The slice these settings are sized for (experiments/compile.py; figures in BENCHMARKS.md), and the
+  # architecture compiled there while model.init is the launch-time placeholder.
+  c.compile = config_dict.ConfigDict({"topology": "v5p:4x4x4", "model": "qwen3-30b-a3b"})
 
   c.learner = config_dict.ConfigDict()
   c.learner.loss = "sft"
@@ -59,6 +67,6 @@ def get_config() -> config_dict.ConfigDict:
   c.learner.adam_b2 = 0.95       # OpenRLHF's default
   c.learner.weight_decay = 0.0   # OpenRLHF's default (--l2 0)
   c.learner.grad_clip = 1.0      # OpenRLHF's default (--max_norm)
-  c.learner.micro_batches = 32   # 4 rows of 64K tokens a micro-batch (memory, not published)
+  c.learner.micro_batches = 2    # 64 rows of 64K tokens a micro-batch: one row per device of v5p:4x4x4
   c.learner.logits_chunk = 512
   return c

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+from clawjax.aot import topology
 from clawjax.config import ConfigError, schema_paths, to_json
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
@@ -76,6 +77,15 @@ def test_paper_configs_follow_the_paper():
   assert (by_name["ppo_openclaw_30a3b"].tasks_per_step, by_name["ppo_openclaw_30a3b"].rollouts_per_task) == (256, 1)
   assert all(c.shim.max_context == 65_536 for c in by_name.values())
   assert all(c.tasks_per_step * c.rollouts_per_task * len(c.harnesses) == 256 for c in by_name.values())
+
+
+def test_paper_configs_name_a_slice_their_micro_batches_fill():
+  # Each micro-batch gives every device of the named slice whole rows (compiled figures: BENCHMARKS.md).
+  for path in [p for p in CONFIGS if p.parent.name == "paper"]:
+    cfg = train_config(_filled(path))
+    target = topology.parse(cfg.compile.topology)
+    assert cfg.compile.model == "qwen3-30b-a3b" and cfg.model.overrides["remat"], path.stem
+    assert cfg.batch.rows % (cfg.learner.micro_batches * target.device_count) == 0, path.stem
 
 
 QUICKSTART = ROOT / "configs" / "quickstart.py"

@@ -1,0 +1,126 @@
+"""A config's learner step compiled for a slice, as figures: bytes per device against the chip's HBM,
+FLOPs and tokens per step, and the step time at the chip's peak (the larger of compute and HBM time).
+
+Layers are a Python loop in the Decoder, so compiling 48 layers of a 64K-token step takes this host
+(2 CPU cores) long: a model deeper than `FULL_DEPTH_MAX` layers is compiled at 1 and 2 layers and its bytes
+extrapolated linearly to the full depth (each layer adds the same parameters, optimizer state and saved
+activations); the report says so (`layers_compiled`, `extrapolated`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from clawjax import sharding
+from clawjax.aot import flops, step, topology
+from clawjax.aot.spec import StepSpec
+
+FULL_DEPTH_MAX = 4
+_BYTE_FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  topology: str
+  devices: int
+  chip: str
+  mesh: dict[str, int]
+  model: str
+  attention_impl: str
+  remat: bool
+  layers: int
+  layers_compiled: tuple[int, ...]
+  extrapolated: bool
+  compiler_refused: bool             # the TPU compiler stopped at its HBM check; its temporaries are reported
+  bytes_per_device: dict[str, int]   # arguments, outputs, aliased (donated), temporaries, total
+  hbm_bytes_per_device: int
+  fits: bool
+  rows: int
+  row_len: int
+  micro_batches: int
+  tokens_per_step: int
+  active_params: int
+  flops_per_step: float              # analytical (clawjax/aot/flops.py), every device together
+  model_flops_per_step: float        # the same without layer recompute
+  compiler_flops_per_step: float | None  # XLA's per-device count x devices (loop bodies once); None on GPU
+  est_compute_s: float
+  est_hbm_s: float
+  est_step_s: float
+  mfu: float
+  tokens_per_s_per_chip: float
+
+  def as_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  def misfit(self) -> str:
+    gib = lambda b: f"{b / topology.GIB:.1f} GiB"
+    return (f"does not fit {self.topology}: the step needs {gib(self.bytes_per_device['total'])} per device, "
+            f"a {self.chip} chip has {gib(self.hbm_bytes_per_device)} of HBM")
+
+  def text(self) -> str:
+    gib = lambda b: f"{b / topology.GIB:.2f} GiB" if b >= topology.GIB / 10 else f"{b / 2 ** 20:.1f} MiB"
+    b = self.bytes_per_device
+    depth = (f"{self.layers} layers, extrapolated from compiles at {list(self.layers_compiled)}"
+             if self.extrapolated else f"{self.layers} layers compiled")
+    if self.compiler_refused:
+      depth += "; the compiler refused it over HBM, temporaries as it counted them"
+    return "\n".join([
+        f"topology      {self.topology}: {self.devices} x {self.chip}, mesh {self.mesh}",
+        f"model         {self.model} ({depth}), attention {self.attention_impl}, remat {self.remat}",
+        f"batch         {self.rows} rows x {self.row_len} tokens, {self.micro_batches} micro-batches",
+        f"per device    arguments {gib(b['arguments'])}, outputs {gib(b['outputs'])} ({gib(b['aliased'])} "
+        f"donated), temporaries {gib(b['temporaries'])}, total {gib(b['total'])} of {gib(self.hbm_bytes_per_device)}"
+        f" HBM: {'fits' if self.fits else 'DOES NOT FIT'}",
+        f"FLOPs/step    {self.flops_per_step:.3e} (model {self.model_flops_per_step:.3e}; compiler, loop bodies "
+        f"once: {self.compiler_flops_per_step if self.compiler_flops_per_step is None else f'{self.compiler_flops_per_step:.3e}'})",
+        f"tokens/step   {self.tokens_per_step} ({self.active_params / 1e9:.2f}B active parameters)",
+        f"step time     {self.est_step_s:.2f} s at peak (compute {self.est_compute_s:.2f} s, HBM {self.est_hbm_s:.2f} s),"
+        f" MFU {self.mfu:.1%}, {self.tokens_per_s_per_chip:.0f} tokens/s per chip",
+    ])
+
+
+def _extrapolate(compiled: list[step.CompiledStep], layers: int) -> dict[str, float]:
+  """Each byte figure (and XLA's FLOPs) at `layers`, linear in the layer count through the compiles."""
+  if len(compiled) == 1:
+    one = compiled[0]
+    return {f: getattr(one, f) for f in _BYTE_FIELDS + ("compiler_flops",)}
+  a, b = compiled
+  line = lambda x, y: x + (y - x) * (layers - a.layers) / (b.layers - a.layers)
+  out = {f: line(getattr(a, f), getattr(b, f)) for f in _BYTE_FIELDS}
+  out["compiler_flops"] = None if None in (a.compiler_flops, b.compiler_flops) else line(a.compiler_flops, b.compiler_flops)
+  return out
+
+
+def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False) -> Report:
+  """Compiles `spec`'s step for the slice `slice_name` and measures it."""
+  target = topology.parse(slice_name)
+  mesh = sharding.make_mesh(spec.mesh, topology.devices(target))
+  layers = spec.model.n_layers
+  depths = [layers] if full_depth or layers <= FULL_DEPTH_MAX else [1, 2]
+  compiled = [step.compile_step(spec, mesh, n) for n in depths]
+  figures = _extrapolate(compiled, layers)
+  byte = {name: int(figures[f]) for name, f in zip(("arguments", "outputs", "aliased", "temporaries"), _BYTE_FIELDS)}
+  byte["total"] = byte["arguments"] + byte["outputs"] - byte["aliased"] + byte["temporaries"]
+  layout = step.batch_layout(spec, mesh)
+  n = target.device_count
+  count = flops.step_count(spec.model, spec.learner, rows=layout.rows, row_len=layout.row_len,
+                           loss_slots=layout.loss_slots, devices=n,
+                           weight_shards=mesh.shape["tensor"] * mesh.shape["expert"])
+  chip = target.chip
+  compute_s = count.flops / (n * chip.peak_flops)
+  hbm_s = count.hbm_bytes / chip.hbm_bandwidth
+  step_s = max(compute_s, hbm_s)
+  tokens = layout.rows * layout.row_len
+  compiler = figures["compiler_flops"]
+  return Report(
+      topology=slice_name, devices=n, chip=target.chip_name, mesh=dict(mesh.shape), model=spec.model_name,
+      attention_impl=spec.model.attention_impl, remat=spec.model.remat, layers=layers,
+      layers_compiled=tuple(depths), extrapolated=depths != [layers],
+      compiler_refused=any(c.refused for c in compiled), bytes_per_device=byte,
+      hbm_bytes_per_device=chip.hbm_bytes, fits=byte["total"] <= chip.hbm_bytes and not any(c.refused for c in compiled), rows=layout.rows,
+      row_len=layout.row_len, micro_batches=spec.learner.micro_batches, tokens_per_step=tokens,
+      active_params=flops.active_params(spec.model), flops_per_step=count.flops,
+      model_flops_per_step=count.model_flops, compiler_flops_per_step=None if compiler is None else compiler * n,
+      est_compute_s=compute_s, est_hbm_s=hbm_s, est_step_s=step_s,
+      mfu=count.model_flops / (step_s * n * chip.peak_flops), tokens_per_s_per_chip=tokens / step_s / n)

@@ -1,0 +1,107 @@
+"""The learner's real update step for a StepSpec, built from abstract parameters and compiled for a slice.
+
+The policy (and critic) come from `nnx.eval_shape`: no weights are read or allocated. The Learner is
+built on them in its abstract mode, on a mesh of the slice's compile-only devices, and its jitted step
+(`Learner._train`, what `Learner.step` runs) is lowered with the config's packed batch shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from clawjax import sharding
+from clawjax.aot.spec import StepSpec
+from clawjax.models.config import ModelConfig
+from clawjax.models.model import Decoder
+from clawjax.rl.device_batch import DeviceBatch
+from clawjax.rl.learner import Learner
+from clawjax.rl.value import make_value_model
+
+_ROW_FIELDS = ("tokens", "positions", "segment_ids", "subtree_end")
+_INT_SLOT_FIELDS = ("pred_index", "targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+  rows: int        # rows the step runs: the config's, padded to a multiple of micro-batches x row shards
+  row_len: int
+  loss_slots: int  # K per row: the most a row can need (every token a loss token), in logits chunks
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  layers: int
+  argument_bytes: int  # per device
+  output_bytes: int
+  alias_bytes: int     # outputs that reuse donated arguments (the train state)
+  temp_bytes: int
+  compiler_flops: float | None  # XLA's count per device (loop bodies once); None where it gives none
+  refused: bool = False         # the TPU compiler stopped at its HBM check: temp_bytes is what it asked for
+
+
+def batch_layout(spec: StepSpec, mesh: jax.sharding.Mesh) -> BatchLayout:
+  step = spec.learner.micro_batches * sharding.batch_shards(mesh)
+  chunk = spec.learner.logits_chunk
+  return BatchLayout(rows=-(-spec.rows // step) * step, row_len=spec.row_len,
+                     loss_slots=-(-spec.row_len // chunk) * chunk)
+
+
+def _abstract_batch(layout: BatchLayout, micro: int, placed: jax.sharding.NamedSharding) -> DeviceBatch:
+  def one(name: str) -> jax.ShapeDtypeStruct:
+    width = layout.row_len if name in _ROW_FIELDS else layout.loss_slots
+    dtype = jnp.int32 if name in _ROW_FIELDS + _INT_SLOT_FIELDS else jnp.float32
+    return jax.ShapeDtypeStruct((micro, layout.rows // micro, width), dtype, sharding=placed)
+
+  return DeviceBatch(**{f.name: one(f.name) for f in dataclasses.fields(DeviceBatch)})
+
+
+def abstract_learner(spec: StepSpec, model: ModelConfig, mesh: jax.sharding.Mesh) -> Learner:
+  """A Learner over shapes only: the policy, and the critic the config asks for."""
+  decoder = lambda: Decoder(model, rngs=nnx.Rngs(0))
+  policy = nnx.eval_shape(decoder)
+  kind = spec.learner.value.kind
+  value = None
+  if kind != "none":
+    value = nnx.eval_shape(lambda: make_value_model(kind, model.d_model, decoder() if kind == "separate" else None))
+  return Learner(spec.learner, policy, value=value, mesh=mesh, abstract=True)
+
+
+# libtpu's message when a program's temporaries exceed the chip's HBM (it compiles no further).
+_TPU_OOM = re.compile(r"RESOURCE_EXHAUSTED: .*HLO temporaries \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+
+
+def per_device_bytes(tree: object) -> int:
+  """Bytes one device holds of a tree of placed ShapeDtypeStructs (its shard of each)."""
+  leaves = jax.tree.leaves(tree)
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
+
+
+def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> CompiledStep:
+  """Compiles the step of `spec`'s model cut to `layers` layers for `mesh`'s devices."""
+  learner = abstract_learner(spec, spec.model.replace(n_layers=layers), mesh)
+  batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, learner.batch_sharding.tokens)
+  lowered = learner._train.lower(learner.state, batch, learner.rest)
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    oom = _TPU_OOM.search(str(e))
+    if not oom:
+      raise
+    state = per_device_bytes(learner.state)
+    return CompiledStep(layers=layers, argument_bytes=state + per_device_bytes((batch, learner.rest)),
+                        output_bytes=state, alias_bytes=state,
+                        temp_bytes=int(float(oom.group(1)) * _UNITS[oom.group(2)]), compiler_flops=None,
+                        refused=True)
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  return CompiledStep(layers=layers, argument_bytes=memory.argument_size_in_bytes,
+                      output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
+                      temp_bytes=memory.temp_size_in_bytes,
+                      compiler_flops=float(cost["flops"]) if cost and "flops" in cost else None)
