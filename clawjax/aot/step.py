@@ -2,7 +2,9 @@
 
 The policy (and critic) come from `nnx.eval_shape`: no weights are read or allocated. The Learner is
 built on them in its abstract mode, on a mesh of the slice's compile-only devices, and its jitted step
-(`Learner._train`, what `Learner.step` runs) is lowered with the config's packed batch shapes.
+(`Learner._train`, what `Learner.step` runs after the step's pi_old pass `Learner._old`) is lowered with the
+config's packed batch shapes. The pi_old pass is a program of its own (forward passes only); a device's peak
+is the larger of the two programs' temporaries.
 """
 
 from __future__ import annotations
@@ -52,11 +54,14 @@ def batch_layout(spec: StepSpec, mesh: jax.sharding.Mesh) -> BatchLayout:
                      loss_slots=-(-spec.row_len // chunk) * chunk)
 
 
-def _abstract_batch(layout: BatchLayout, micro: int, placed: jax.sharding.NamedSharding) -> DeviceBatch:
+def _abstract_batch(layout: BatchLayout, micro: int, placed: DeviceBatch) -> DeviceBatch:
   def one(name: str) -> jax.ShapeDtypeStruct:
+    rows = (micro, layout.rows // micro)
+    if name == "row_order":  # [M, r]: a row's place in the global order
+      return jax.ShapeDtypeStruct(rows, jnp.int32, sharding=getattr(placed, name))
     width = layout.row_len if name in _ROW_FIELDS else layout.loss_slots
     dtype = jnp.int32 if name in _ROW_FIELDS + _INT_SLOT_FIELDS else jnp.float32
-    return jax.ShapeDtypeStruct((micro, layout.rows // micro, width), dtype, sharding=placed)
+    return jax.ShapeDtypeStruct((*rows, width), dtype, sharding=getattr(placed, name))
 
   return DeviceBatch(**{f.name: one(f.name) for f in dataclasses.fields(DeviceBatch)})
 
@@ -86,10 +91,13 @@ def per_device_bytes(tree: object) -> int:
 def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> CompiledStep:
   """Compiles the step of `spec`'s model cut to `layers` layers for `mesh`'s devices."""
   learner = abstract_learner(spec, spec.model.replace(n_layers=layers), mesh)
-  batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, learner.batch_sharding.tokens)
-  lowered = learner._train.lower(learner.state, batch, learner.rest)
+  batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, learner.batch_sharding)
   try:
-    compiled = lowered.compile()
+    old_compiled = learner._old.lower(learner.state, batch, learner.rest).compile()
+    old = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       jax.eval_shape(learner._old, learner.state, batch, learner.rest),
+                       old_compiled.output_shardings)
+    compiled = learner._train.lower(learner.state, batch, learner.rest, old).compile()
   except jax.errors.JaxRuntimeError as e:
     oom = _TPU_OOM.search(str(e))
     if not oom:
@@ -103,5 +111,5 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
   cost = compiled.cost_analysis()
   return CompiledStep(layers=layers, argument_bytes=memory.argument_size_in_bytes,
                       output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
-                      temp_bytes=memory.temp_size_in_bytes,
+                      temp_bytes=max(memory.temp_size_in_bytes, old_compiled.memory_analysis().temp_size_in_bytes),
                       compiler_flops=float(cost["flops"]) if cost and "flops" in cost else None)
