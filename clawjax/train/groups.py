@@ -24,6 +24,9 @@ from clawjax.run.session import PolicySession, RolloutJob
 from clawjax.tasks import Task
 
 
+THREAD_PREFIX = "clawjax-group"  # the names of a GroupRunner's rollout threads
+
+
 @dataclasses.dataclass(frozen=True)
 class Group:
   index: int   # position in the run's data order
@@ -69,7 +72,7 @@ class GroupRunner:
 
   def __init__(self, session: PolicySession, rollouts_per_task: int, concurrency: int, out_dir: pathlib.Path):
     self.session, self.rollouts, self.out_dir = session, rollouts_per_task, out_dir
-    self._pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="clawjax-group")
+    self._pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix=THREAD_PREFIX)
     self._cv = threading.Condition()
     self._done: list[CompletedGroup] = []
     self._running: dict[int, tuple[Group, int]] = {}  # index -> (group, the version it was launched at)

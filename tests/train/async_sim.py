@@ -28,7 +28,7 @@ from clawjax.run.session import RolloutJob
 from clawjax.tasks.records import Task
 from clawjax.train.async_loop import run_async
 from clawjax.train.config import TrainConfig
-from clawjax.train.groups import Group, step_groups
+from clawjax.train.groups import THREAD_PREFIX as GROUP_THREADS, Group, step_groups
 from clawjax.train.layout import RunLayout
 from clawjax.train.step_data import BatchConfig, StepData
 from clawjax.tree import synthetic
@@ -42,6 +42,7 @@ class SimClock:
 
   def __init__(self):
     self.now = 0.0
+    self._owner = threading.get_ident()  # the thread that runs the loop under test
     self._cv = threading.Condition()
     self._wakes: list[tuple[float, int]] = []
     self._seq = itertools.count()
@@ -62,10 +63,16 @@ class SimClock:
     self._stop.set()
     self._ticker.join()
 
+  def _simulated(self) -> set[int]:
+    """The threads the clock waits for: the loop's and the group runner's rollout threads. Threads that
+    earlier tests of the same process left running (servers, checkpoint writers) are not the
+    simulation's and never block it."""
+    return {self._owner} | {t.ident for t in threading.enumerate() if t.name.startswith(GROUP_THREADS)}
+
   def _others_blocked(self) -> bool:
-    me = threading.get_ident()
+    ours = self._simulated()
     return all((pathlib.Path(f.f_code.co_filename).name, f.f_code.co_name) in _BLOCKED
-               for ident, f in sys._current_frames().items() if ident != me)  # pylint: disable=protected-access
+               for ident, f in sys._current_frames().items() if ident in ours)  # pylint: disable=protected-access
 
   def _tick(self) -> None:
     while not self._stop.wait(0.0002):
