@@ -1,10 +1,12 @@
 """A config's learner step compiled for a slice, as figures: bytes per device against the chip's HBM,
 FLOPs and tokens per step, and the step time at the chip's peak (the larger of compute and HBM time).
 
-Layers are a Python loop in the Decoder, so compiling 48 layers of a 64K-token step takes this host
-(2 CPU cores) long: a model deeper than `FULL_DEPTH_MAX` layers is compiled at 1 and 2 layers and its bytes
-extrapolated linearly to the full depth (each layer adds the same parameters, optimizer state and saved
-activations); the report says so (`layers_compiled`, `extrapolated`).
+With remat the Decoder runs its layers as a scan (clawjax/models/model.py), so the whole depth compiles
+about as fast as one layer and is compiled whole. Without remat the layers are a Python loop, and
+compiling 48 layers of a 64K-token step takes this host (2 CPU cores) long: such a model deeper than
+`FULL_DEPTH_MAX` layers is compiled at 1 and 2 layers and its bytes extrapolated linearly to the full
+depth (each layer adds the same parameters, optimizer state and saved activations), never below the
+deeper compile; the report says so (`layers_compiled`, `extrapolated`).
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def _extrapolate(compiled: list[step.CompiledStep], layers: int) -> dict[str, fl
     one = compiled[0]
     return {f: getattr(one, f) for f in _BYTE_FIELDS + ("compiler_flops",)}
   a, b = compiled
-  line = lambda x, y: x + (y - x) * (layers - a.layers) / (b.layers - a.layers)
+  # A layer never frees memory: a compile whose second layer costs less than its first (the scheduler
+  # placed them differently) is extrapolated as flat from the deeper one, not below it.
+  line = lambda x, y: y + max(0.0, (y - x) / (b.layers - a.layers)) * (layers - b.layers)
   out = {f: line(getattr(a, f), getattr(b, f)) for f in _BYTE_FIELDS}
   out["compiler_flops"] = None if None in (a.compiler_flops, b.compiler_flops) else line(a.compiler_flops, b.compiler_flops)
   return out
@@ -97,7 +101,7 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
   target = topology.parse(slice_name)
   mesh = sharding.make_mesh(spec.mesh, topology.devices(target))
   layers = spec.model.n_layers
-  depths = [layers] if full_depth or layers <= FULL_DEPTH_MAX else [1, 2]
+  depths = [layers] if full_depth or spec.model.remat or layers <= FULL_DEPTH_MAX else [1, 2]
   compiled = [step.compile_step(spec, mesh, n) for n in depths]
   figures = _extrapolate(compiled, layers)
   byte = {name: int(figures[f]) for name, f in zip(("arguments", "outputs", "aliased", "temporaries"), _BYTE_FIELDS)}

@@ -16,6 +16,9 @@ subtree_end. For a plain causal sequence use `causal_inputs`.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -44,17 +47,27 @@ class DecoderLayer(nnx.Module):
     return constrain(x_BTD, ("batch", "length", "embed"))
 
 
-def _remat_layer(layer: DecoderLayer, policy: str, *args: jax.Array) -> jax.Array:
-  """`layer(*args)` with its activations recomputed in the backward pass, except those that the
-  `jax.checkpoint_policies` entry named `policy` saves (`ModelConfig.remat_policy`).
+def _remat_layers(layers: Sequence[DecoderLayer], policy: str, x_BTD: jax.Array, *args: jax.Array) -> jax.Array:
+  """The layers applied in turn, each one's activations recomputed in the backward pass, except those that
+  the `jax.checkpoint_policies` entry named `policy` saves (`ModelConfig.remat_policy`).
 
-  The layer is split into graph and parameters and merged again inside `jax.checkpoint`, so the
+  Consecutive layers of one structure (all of a Qwen3 or Qwen3-MoE model) run as a `lax.scan` over their
+  parameters, stacked here while tracing (the model keeps one module per layer: checkpoints and HF
+  import / export are unchanged). With the layers unrolled instead, XLA may schedule every layer's
+  recomputation as soon as its input exists, right after the forward pass, so all layers' activations
+  are live at once and remat saves nothing; a scan's backward runs one layer's recomputation and
+  gradient after another.
+
+  Each layer is split into graph and parameters and merged again inside `jax.checkpoint`, so the
   checkpointed function is pure and traces inside any transform of the caller's (the learner's
   `lax.map` / `lax.scan` over micro-batches); `nnx.remat` there writes the inner trace's parameters back
   into the outer module and fails (TraceContextError)."""
-  graph, params = nnx.split(layer)
-  run = lambda params, *args: nnx.merge(graph, params)(*args)
-  return jax.checkpoint(run, policy=getattr(jax.checkpoint_policies, policy))(params, *args)
+  split = [nnx.split(layer) for layer in layers]
+  for graph, group in itertools.groupby(split, key=lambda gs: gs[0]):
+    stacked = jax.tree.map(lambda *ps: jnp.stack(ps), *(params for _, params in group))
+    step = lambda x_BTD, params, graph=graph: (nnx.merge(graph, params)(x_BTD, *args), None)
+    x_BTD, _ = jax.lax.scan(jax.checkpoint(step, policy=getattr(jax.checkpoint_policies, policy)), x_BTD, stacked)
+  return x_BTD
 
 
 class Decoder(nnx.Module):
@@ -78,11 +91,11 @@ class Decoder(nnx.Module):
   def hidden(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
              subtree_end_BT: jax.Array) -> jax.Array:
     x_BTD = self.embed(tokens_BT)
+    if self.cfg.remat:
+      return self.final_norm(_remat_layers(self.layers, self.cfg.remat_policy, x_BTD, positions_BT,
+                                           segment_ids_BT, subtree_end_BT))
     for layer in self.layers:
-      if self.cfg.remat:
-        x_BTD = _remat_layer(layer, self.cfg.remat_policy, x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
-      else:
-        x_BTD = layer(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+      x_BTD = layer(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
     return self.final_norm(x_BTD)
 
   def logits(self, hidden_BTD: jax.Array) -> jax.Array:
