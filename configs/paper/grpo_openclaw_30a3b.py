@@ -8,10 +8,9 @@ r"""GRPO inside OpenClaw (Table 1 row ClawII-OC-30A3B), from the ClawII-Cold SFT
 
 Unpublished values are set and documented in configs/paper/common.py.
 
-Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at f42c31a, 2026-12-04, on a
-2-core CPU host, compile-only devices): it does not fit yet, 752.5 GiB per device (5.3 of them parameters
-and Adam state) against 95 GiB of HBM: per-layer activations, see BENCHMARKS.md. 2.67e18 FLOPs a step,
-91.0 s at the chips' peak.
+Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at e774e8a, 2026-12-04, on a
+2-core CPU host, compile-only devices): it fits, 70.9 GiB per device (5.3 of them parameters and Adam
+state) of 95 GiB of HBM. 2.67e18 FLOPs a step, 91.0 s at the chips' peak (BENCHMARKS.md).
 """
 
 from clawjax.config import config_module

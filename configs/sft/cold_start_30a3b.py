@@ -24,10 +24,9 @@ it. The mesh, precision and memory settings follow configs/paper/common.py (bflo
 float32 master weights, as OpenRLHF's --bf16 with ZeRO keeps them; parameters and optimizer state
 sharded over every device; layers recomputed in the backward pass; a micro-batch one row per device).
 
-Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at f42c31a, 2026-12-04, on a
-2-core CPU host, compile-only devices): it does not fit yet, 752.4 GiB per device (5.3 of them parameters
-and Adam state) against 95 GiB of HBM: per-layer activations, see BENCHMARKS.md. 1.34e18 FLOPs a step,
-45.5 s at the chips' peak.
+Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at e774e8a, 2026-12-04, on a
+2-core CPU host, compile-only devices): it fits, 70.9 GiB per device (5.3 of them parameters and Adam
+state) of 95 GiB of HBM. 1.34e18 FLOPs a step, 45.5 s at the chips' peak (BENCHMARKS.md).
 """
 
 from ml_collections import config_dict
