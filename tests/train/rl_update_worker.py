@@ -8,6 +8,7 @@ tests/processes.py adds; without them, one process). Each process builds the ste
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -30,8 +31,8 @@ def step_log(process: int, processes: int):
   for g in range(process, GROUPS, processes):
     group_calls, outcomes = agent_group(np.random.default_rng(g), task_id=f"t{g}", n_rollouts=2, prompt_len=24,
                                         n_calls=2, tokens_per_call=8, vocab_size=TINY.vocab_size, rewards=[0.0, 1.0])
-    for c in group_calls:
-      calls.setdefault(c.rollout_id, []).append(c)
+    for c in group_calls:  # sampled by version 0, the learner's (an unversioned call is never trained)
+      calls.setdefault(c.rollout_id, []).append(dataclasses.replace(c, policy_version=0))
     rollouts.update({o.rollout_id: o for o in outcomes})
   return LoadedLog(calls=calls, rollouts=rollouts, problems=[])
 
