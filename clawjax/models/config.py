@@ -39,8 +39,9 @@ class ModelConfig:
     max_position_embeddings, bos_token_id, eos_token_id: carried through HF configs only.
     dtype: compute dtype of activations. param_dtype: storage dtype of parameters.
     attention_impl: a kernel registered in clawjax/models/attention.py: "dense" (reference, materialises
-      [T, T] scores on device) or "blocked" (online softmax over key blocks, memory O(T * attention_block)).
-    attention_block: query/key block length of the blocked kernel (default 512: large enough to keep
+      [T, T] scores on device), "blocked" (online softmax over key blocks, memory O(T * attention_block))
+      or "pallas" (the same as a block-sparse Pallas kernel: Mosaic on TPU, interpret mode elsewhere).
+    attention_block: query/key block length of the blocked and pallas kernels (default 512: large enough to keep
       matmuls efficient, small enough that 64K-token rows fit; not a published value).
     remat: recompute each layer's activations in the backward pass (saves memory, costs ~1/3 more FLOPs).
     remat_policy: with remat, the `jax.checkpoint_policies` entry that says which of a layer's
