@@ -56,7 +56,8 @@ def step_count(m: ModelConfig, learner: LearnerConfig, *, rows: int, row_len: in
   trunks = 2 if learner.value.kind == "separate" else 1  # the critic's own trunk
   old = (trunk + head) * (1 + (1 if learner.kl_coef else 0)) + (trunks - 1) * trunk
   update = 3 * (trunks * trunk + head)      # forward and backward
-  recompute = (trunks * trunk if m.remat else 0) + head  # remat layers; logits chunks are always recomputed
+  # remat layers; logits chunks are always recomputed; value.two_pass runs the critic's forward again
+  recompute = (trunks * trunk if m.remat else 0) + head + (trunk if learner.value.two_pass else 0)
   model_flops = old + learner.epochs * update
   flops = model_flops + learner.epochs * recompute
   weight_bytes = total_params(m) * trunks * jnp.dtype(m.dtype).itemsize / weight_shards

@@ -27,6 +27,10 @@ class ValueConfig:
   # gradient-norm clip at LearnerConfig.grad_clip). Not published; critics usually learn faster than
   # the policy (10x here, as the pretraining default).
   lr: float = 1e-5
+  # "separate" only: take the critic's gradient after the policy's backward, from a second forward of its
+  # trunk, so the two trunks' saved activations are never live together (memory of one trunk for one
+  # more critic forward per micro-batch). Off: one joint backward.
+  two_pass: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +77,9 @@ class LearnerConfig:
       raise ValueError(f"LearnerConfig.normalisation={self.normalisation!r}: use one of {NORMALISATIONS}")
     if self.value.kind not in VALUE_KINDS:
       raise ValueError(f"LearnerConfig.value.kind={self.value.kind!r}: use one of {VALUE_KINDS}")
+    if self.value.two_pass and self.value.kind != "separate":
+      raise ValueError(f"LearnerConfig.value.two_pass needs value.kind='separate' (a critic with its own "
+                       f"trunk), not {self.value.kind!r}")
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"LearnerConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
     if self.kl_estimator not in KL_ESTIMATORS:

@@ -343,9 +343,6 @@ class Learner:
 
     return jax.lax.map(one, batch)
 
-  def _micro_loss(self, params: dict, rest, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
-    return self._token_loss(self._outputs(params, rest, mb), mb, old, norm, rng)
-
   def _token_loss(self, outputs: tuple, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
     logp, entropy, values = outputs
     w_tis, _ = tis_weights(old["logp_old"], mb.logp_rollout, self.cfg.c_bar)
@@ -358,10 +355,35 @@ class Learner:
     metrics["entropy"] = _masked_mean(entropy, mb.weight, norm)
     return _masked_mean(token_loss, mb.weight, norm), metrics
 
-  def _accumulate(self, loss_fn, params: Any, batch: DeviceBatch, old: dict, norm: jax.Array):
-    """sum over micro-batches of (loss, grad, metrics) of loss_fn(params, mb, old_mb), in a scan."""
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    (loss, metrics), grads = _scan_sum(lambda xs: grad_fn(params, *xs, norm), (batch, old))
+  def _micro_grads(self, params: dict, rest, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
+    """((loss, metrics), grads) of one micro-batch's loss.
+
+    With `value.two_pass` (a critic with its own trunk) the critic's gradient is taken after the policy's
+    backward, from a second forward of its trunk: taken jointly, both trunks' saved activations are live
+    from the forward to the backward, twice a trunk's memory for the price of one critic forward."""
+    if not self.cfg.value.two_pass:
+      loss_fn = lambda p: self._token_loss(self._outputs(p, rest, mb), mb, old, norm, rng)
+      return jax.value_and_grad(loss_fn, has_aux=True)(params)
+    critic = lambda value_params: self._values(value_params, rest, mb, None)
+
+    def loss_of(policy_params: nnx.State, values: jax.Array):
+      logp, entropy, _ = self._policy_tokens(policy_params, rest, mb)
+      return self._token_loss((logp, entropy, values), mb, old, norm, rng)
+
+    out, (policy_grads, values_grad) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
+        params["policy"], critic(params["value"]))
+    # The barrier orders the critic's second forward after the policy's backward: XLA may neither start it
+    # earlier nor merge it with the first forward (its parameters come out of the barrier).
+    policy_grads, values_grad, value_params = jax.lax.optimization_barrier(
+        (policy_grads, values_grad, params["value"]))
+    _, critic_vjp = jax.vjp(critic, value_params)
+    return out, {"policy": policy_grads, "value": critic_vjp(values_grad)[0]}
+
+  @staticmethod
+  def _accumulate(grad_fn, batch: DeviceBatch, old: dict, norm: jax.Array):
+    """sum over micro-batches of (loss, grad, metrics), grad_fn(mb, old_mb, norm) giving each
+    ((loss, metrics), grads), in a scan."""
+    (loss, metrics), grads = _scan_sum(lambda xs: grad_fn(*xs, norm), (batch, old))
     return loss, grads, metrics
 
   def _loss_fn(self, state: TrainState, batch: DeviceBatch, rest) -> dict[str, jax.Array]:
@@ -380,8 +402,8 @@ class Learner:
     old = self._old_pass(state, batch, rest)
     norm = _normaliser(batch)
     _, step_rng = jax.random.split(state.rng)
-    loss_fn = lambda p, mb, o, n: self._micro_loss(p, rest, mb, o, n, step_rng)
-    loss, grads, metrics = self._accumulate(loss_fn, state.params, batch, old, norm)
+    grad_fn = lambda mb, o, n: self._micro_grads(state.params, rest, mb, o, n, step_rng)
+    loss, grads, metrics = self._accumulate(grad_fn, batch, old, norm)
     metrics.update(self._tis_metrics(batch, old, norm))
     metrics["loss"] = loss
     metrics.update(_grad_norms(grads))
@@ -413,8 +435,8 @@ class Learner:
       params, opt_state = carry
       mb_batch, mb_old, key = xs
       mb_norm = _normaliser(mb_batch)
-      loss_fn = lambda p, mb, o, mb_n: self._micro_loss(p, rest, mb, o, mb_n, key)
-      loss, grads, metrics = self._accumulate(loss_fn, params, mb_batch, mb_old, mb_norm)
+      grad_fn = lambda mb, o, mb_n: self._micro_grads(params, rest, mb, o, mb_n, key)
+      loss, grads, metrics = self._accumulate(grad_fn, mb_batch, mb_old, mb_norm)
       norms = _grad_norms(grads)  # before clipping
       # A minibatch without loss tokens (padding rows only) has nothing to learn from, but AdamW would
       # still move the weights (its moments and weight decay): it is not an update. A non-finite loss or
@@ -476,7 +498,8 @@ class Learner:
       v = self._values(value_params, rest, mb, h)
       return _masked_mean(value_loss(v, v, mb.returns, None), mb.weight, n), {}
 
-    loss, grads, _ = self._accumulate(loss_fn, state.params["value"], batch, {}, norm)
+    grad_fn = lambda mb, o, n: jax.value_and_grad(loss_fn, has_aux=True)(state.params["value"], mb, o, n)
+    loss, grads, _ = self._accumulate(grad_fn, batch, {}, norm)
     updates, value_opt_state = self.value_tx.update(grads, state.value_opt_state, state.params["value"])
     params = dict(state.params, value=optax.apply_updates(state.params["value"], updates))
     return dataclasses.replace(state, params=params, value_opt_state=value_opt_state), {

@@ -82,7 +82,9 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.learner.logits_chunk = 512
   if loss == "ppo":
     # A separate critic trunk initialised from the policy, pretrained on the first step's rollouts before
-    # RL as the paper does; none of its values are published (coef and clip: common PPO values).
-    c.learner.value = config_dict.ConfigDict({"kind": "separate", "coef": 0.5, "clip": 0.2, "pretrain_lr": 1e-5})
+    # RL as the paper does; none of its values are published (coef and clip: common PPO values). Its
+    # gradient is taken after the policy's (two_pass): both 30B trunks' saved activations would not fit.
+    c.learner.value = config_dict.ConfigDict({"kind": "separate", "coef": 0.5, "clip": 0.2, "pretrain_lr": 1e-5,
+                                              "two_pass": True})
     c.value_pretrain_steps = 50
   return c

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from clawjax import sharding
 from clawjax.aot import topology
 from clawjax.config import ConfigError, schema_paths, to_json
 from clawjax.rl.config import LearnerConfig
@@ -80,12 +82,14 @@ def test_paper_configs_follow_the_paper():
 
 
 def test_paper_configs_name_a_slice_their_micro_batches_fill():
-  # Each micro-batch gives every device of the named slice whole rows (compiled figures: BENCHMARKS.md).
+  # Each micro-batch gives every row shard of the named slice (its data x fsdp devices; tensor and expert
+  # split a row's math) whole rows, exactly one at 64K tokens (compiled figures: BENCHMARKS.md).
   for path in [p for p in CONFIGS if p.parent.name == "paper"]:
     cfg = train_config(_filled(path))
-    target = topology.parse(cfg.compile.topology)
+    mesh = dict(zip(sharding.MESH_AXES, cfg.mesh.shape(topology.parse(cfg.compile.topology).device_count)))
+    row_shards = math.prod(mesh[a] for a in sharding.BATCH_AXES)
     assert cfg.compile.model == "qwen3-30b-a3b" and cfg.model.overrides["remat"], path.stem
-    assert cfg.batch.rows % (cfg.learner.micro_batches * target.device_count) == 0, path.stem
+    assert cfg.batch.rows == cfg.learner.micro_batches * row_shards, path.stem
 
 
 QUICKSTART = ROOT / "configs" / "quickstart.py"
