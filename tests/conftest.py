@@ -1,6 +1,24 @@
-"""Test-wide setup: 8 simulated CPU devices so sharding tests see a mesh; deterministic, quiet JAX."""
+"""Test-wide setup: 8 simulated CPU devices so sharding tests see a mesh; deterministic, quiet JAX; one
+compilation cache for the run."""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# Many tests (and the trainer and engine processes they start, which inherit the environment) compile the
+# same small programs: one persistent compilation cache serves them all. It is made fresh for each run
+# and removed after it, so no cache outlives the code that filled it.
+_OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="clawjax-test-jax-cache-")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del session, exitstatus
+  if _OWN_CACHE:
+    shutil.rmtree(_OWN_CACHE, ignore_errors=True)

@@ -7,7 +7,7 @@ r"""PPO inside OpenClaw (paper Eq. 2: branch-local GAE, gamma = lambda = 1), 256
 The critic is a separate trunk initialised from the policy; it is pretrained (critic-only updates on
 the first step's rollouts) before RL, as the paper does; how long is not published (common.py).
 
-Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at 7d1c0de, 2026-12-04, on a
+Compiled for its slice, compile.topology v5p:4x4x4 (experiments/compile.py at eb01874, 2026-12-04, on a
 2-core CPU host, compile-only devices): it fits, 78.0 of 95 GiB per device (14.2 of them parameters and
 the optimizers' state). The critic's gradient is taken after the policy's (learner.value.two_pass): with
 one joint backward both trunks' saved activations are live together and the step needs 100.3 GiB. The

@@ -55,6 +55,9 @@ ROW_LEN = 4096
 
 
 @pytest.mark.slow
+# The suite's compilation cache (tests/conftest.py) stores a compile-only TPU executable but cannot load it
+# back (there is no TPU client): the pi_old pass, the same in both steps, is compiled again, with a warning.
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
 def test_two_pass_step_holds_one_trunks_saved_activations():
   """Compiled for v5e:2x2 (fsdp 4, a row per device): the CPU compiler's schedule is not the one that
   matters, and it keeps both trunks' activations either way."""
