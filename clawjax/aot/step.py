@@ -43,7 +43,7 @@ class CompiledStep:
   output_bytes: int
   alias_bytes: int     # outputs that reuse donated arguments (the train state)
   temp_bytes: int
-  compiler_flops: float | None  # XLA's count per device (loop bodies once); None where it gives none
+  compiler_flops: float | None  # XLA's count per device, both programs (loop bodies once); None where it gives none
   refused: bool = False         # the TPU compiler stopped at its HBM check: temp_bytes is what it asked for
 
 
@@ -108,8 +108,9 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
                         temp_bytes=int(float(oom.group(1)) * _UNITS[oom.group(2)]), compiler_flops=None,
                         refused=True)
   memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
+  costs = [c.cost_analysis() for c in (old_compiled, compiled)]
   return CompiledStep(layers=layers, argument_bytes=memory.argument_size_in_bytes,
                       output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
                       temp_bytes=max(memory.temp_size_in_bytes, old_compiled.memory_analysis().temp_size_in_bytes),
-                      compiler_flops=float(cost["flops"]) if cost and "flops" in cost else None)
+                      compiler_flops=sum(float(c["flops"]) for c in costs)
+                      if all(c and "flops" in c for c in costs) else None)
