@@ -494,7 +494,8 @@ class Learner:
     policy = jax.lax.stop_gradient(state.params["policy"])
 
     def loss_fn(value_params, mb, _, n):
-      _, _, h = self._policy_tokens(policy, rest, mb)
+      # A critic with its own trunk reads nothing of the policy's: no policy pass (nor vocab projection).
+      h = None if self.cfg.value.kind == "separate" else self._policy_tokens(policy, rest, mb)[2]
       v = self._values(value_params, rest, mb, h)
       return _masked_mean(value_loss(v, v, mb.returns, None), mb.weight, n), {}
 
