@@ -13,11 +13,11 @@ from clawjax import sharding
 from clawjax.aot import topology
 from clawjax.aot.spec import StepSpec
 from clawjax.aot.step import compile_step
-from clawjax.models.config import PRESETS
 from clawjax.models.model import Decoder
 from clawjax.rl.config import LearnerConfig, ValueConfig
 from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
+from tests.models.test_remat_layers import WIDE as REMAT_WIDE
 from tests.rl.learner_batches import TINY, random_tree, rel_diff, tree_layout
 
 
@@ -48,9 +48,7 @@ def test_two_pass_gives_the_joint_gradients_and_step():
 
 
 # Remat'd layers wide enough that their saved inputs are a large part of the step's temporaries.
-WIDE = PRESETS["test-tiny-vocab"].replace(d_model=256, n_heads=4, n_kv_heads=2, head_dim=64, mlp_dim=512,
-                                          n_layers=4, vocab_size=256, dtype="bfloat16", attention_impl="blocked",
-                                          attention_block=1024, remat=True)
+WIDE = REMAT_WIDE.replace(n_layers=4, vocab_size=256, dtype="bfloat16", attention_block=1024)
 ROW_LEN = 4096
 
 

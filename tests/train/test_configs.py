@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import pathlib
 import subprocess
 import sys
@@ -86,8 +85,8 @@ def test_paper_configs_name_a_slice_their_micro_batches_fill():
   # split a row's math) whole rows, exactly one at 64K tokens (compiled figures: BENCHMARKS.md).
   for path in [p for p in CONFIGS if p.parent.name == "paper"]:
     cfg = train_config(_filled(path))
-    mesh = dict(zip(sharding.MESH_AXES, cfg.mesh.shape(topology.parse(cfg.compile.topology).device_count)))
-    row_shards = math.prod(mesh[a] for a in sharding.BATCH_AXES)
+    devices = topology.parse(cfg.compile.topology).device_count
+    row_shards = sharding.batch_shards(jax.sharding.AbstractMesh(cfg.mesh.shape(devices), sharding.MESH_AXES))
     assert cfg.compile.model == "qwen3-30b-a3b" and cfg.model.overrides["remat"], path.stem
     assert cfg.batch.rows == cfg.learner.micro_batches * row_shards, path.stem
 
