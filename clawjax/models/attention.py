@@ -34,7 +34,7 @@ from flax.core import spmd
 from jax.sharding import PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
-from clawjax.models.layers import RMSNorm, apply_rope, constrain, param
+from clawjax.models.layers import RMSNorm, apply_rope, constrain, einsum_f32, param
 from clawjax.models.pallas_attention import pad_to_block, pallas_attention
 from clawjax.sharding import logical_to_mesh
 
@@ -55,7 +55,7 @@ def masked_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, ma
   b, t, n, h = q_BTNH.shape
   kv = k_BSKH.shape[2]
   q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
-  scores_BKGTS = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * h ** -0.5
+  scores_BKGTS = einsum_f32("btkgh,bskh->bkgts", q_BTKGH, k_BSKH) * h ** -0.5
   mask_B11TS = mask_BTS[:, None, None]
   probs_BKGTS = jnp.where(mask_B11TS, jax.nn.softmax(jnp.where(mask_B11TS, scores_BKGTS, _NEG), axis=-1), 0.0)
   out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS.astype(v_BSKH.dtype), v_BSKH)
@@ -116,14 +116,13 @@ def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *,
       def update(carry):
         m_BKGQ, l_BKGQ, acc_BKGQH = carry
         mask_B11QK = tree_mask(q_index_BQ, q_seg_BQ, k_seg_BK, k_end_BK, k_start)[:, None, None]
-        s_BKGQK = jnp.einsum("bqkgh,bskh->bkgqs", q_BQKGH, k_BKKH, preferred_element_type=jnp.float32) * scale
+        s_BKGQK = einsum_f32("bqkgh,bskh->bkgqs", q_BQKGH, k_BKKH) * scale
         s_BKGQK = jnp.where(mask_B11QK, s_BKGQK, _NEG)
         m_new = jnp.maximum(m_BKGQ, jnp.max(s_BKGQK, axis=-1))
         p_BKGQK = jnp.where(mask_B11QK, jnp.exp(s_BKGQK - m_new[..., None]), 0.0)
         correction = jnp.exp(m_BKGQ - m_new)
         l_new = l_BKGQ * correction + jnp.sum(p_BKGQK, axis=-1)
-        pv = jnp.einsum("bkgqs,bskh->bkgqh", p_BKGQK.astype(v_BKKH.dtype), v_BKKH,
-                        preferred_element_type=jnp.float32)
+        pv = einsum_f32("bkgqs,bskh->bkgqh", p_BKGQK.astype(v_BKKH.dtype), v_BKKH)
         return m_new, l_new, acc_BKGQH * correction[..., None] + pv
 
       needed = block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block)

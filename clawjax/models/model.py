@@ -25,7 +25,7 @@ from flax import nnx
 
 from clawjax.models.attention import Attention
 from clawjax.models.config import ModelConfig
-from clawjax.models.layers import MLP, RMSNorm, constrain, param
+from clawjax.models.layers import MLP, RMSNorm, constrain, einsum_f32, param
 from clawjax.models.moe import MoE
 
 
@@ -102,11 +102,9 @@ class Decoder(nnx.Module):
     """Vocab projection with float32 accumulation and output (log-probs need float32)."""
     dtype = self.cfg.dtype
     if self.lm_head is None:
-      logits = jnp.einsum("...d,vd->...v", hidden_BTD.astype(dtype), self.embedding[...].astype(dtype),
-                          preferred_element_type=jnp.float32)
+      logits = einsum_f32("...d,vd->...v", hidden_BTD.astype(dtype), self.embedding[...].astype(dtype))
     else:
-      logits = jnp.einsum("...d,dv->...v", hidden_BTD.astype(dtype), self.lm_head[...].astype(dtype),
-                          preferred_element_type=jnp.float32)
+      logits = einsum_f32("...d,dv->...v", hidden_BTD.astype(dtype), self.lm_head[...].astype(dtype))
     # Vocab-parallel: each tensor shard keeps its slice of the (largest) activation; the softmax reduces.
     return constrain(logits, ("batch",) + ("length",) * (logits.ndim - 2) + ("vocab",))
 
