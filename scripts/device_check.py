@@ -1,22 +1,32 @@
-"""The accelerator check that scripts/device_check.sh runs: each part in its own process under a time
-budget, its result or its failure recorded, one JSON written at the end.
+"""The accelerator check: clawjax's learner, MoE, kernels and engine on the machine's accelerator, beside a
+PyTorch peer on the same shapes, each part in its own process under its own time limit.
 
-  python scripts/device_check.py [--small] --out FILE [--sglang-python PY] [--install-report FILE]
+  python scripts/device_check.py --out DIR [--small] [--parts NAME ...] [--deadline-s 360]
 
-Parts:
-  learner_mfu    the learner's step on a random-init Qwen3 preset at 8K and 32K-token rows, tree layout
-                 vs paths layout (benchmarks/learner_tree_vs_paths.py's data and FLOP count): step
-                 seconds, model FLOPs (forward + backward = 3 x forward; rematerialisation not counted)
-                 and MFU against the chip's dense bf16 peak.
-  pallas         the same step at 8K with attention_impl "pallas" against "blocked" (step seconds, loss
-                 difference); "unavailable" while no kernel of that name is registered.
-  engine_decode  the embedded engine's decode tokens/s at 1 and 16 concurrent requests (qwen3-0.6b, bf16).
-  sglang         real SGLang (its CUDA build): serves a random-init Qwen3 export (bf16, the push's dtype),
-                 our sglang backend's log-probs of a sampled continuation against the model's own, then
-                 one /update_weights_from_disk push of changed weights: its seconds, the weight_version
-                 read back, and the log-probs again against the new weights.
---small: a tiny preset, short rows, the CPU backend, few tokens, SGLang skipped with its reason: what the
-CPU test runs (tests/benchmarks/test_device_check.py).
+(scripts/device_check.sh runs it with the machine's own interpreter after installing the wheels carried
+in `.whl/`.) Every part writes DIR/NAME.json as its figures come in (a part cut off by its time limit keeps
+what it measured), and DIR/device_check.json is rewritten after each part: the parts' status, seconds and
+results, and the side-by-side ratios of `summary` as far as the parts so far give them. Parts, in order:
+
+  environment   the devices, nvidia-smi, package versions (clawjax.environment).
+  kernels       the tree-attention kernel that `attention_impl="pallas"` lowers to here, forward and
+                gradients against dense attention in float32, and the MoE grouped matmuls against
+                `lax.ragged_dot`: max relative errors on small shapes.
+  learner_8k    the learner's step (Qwen3-8B layer shapes x 4 layers, random init, bf16 compute over f32
+                parameters, remat, Pallas attention) on one GRPO group of two agent rollouts: the tree
+                layout in one 8K row, and its paths layout; seconds, tokens/s, MFU, peak memory.
+  torch_8k      the PyTorch + transformers peer (benchmarks/torch_peer.py) on one 8K causal row.
+  moe_8k        the learner's step on Qwen3-30B-A3B layer shapes x 2 layers, the tree row at 8K.
+  learner_32k   the tree layout at 32K (the paths layout takes minutes there).
+  torch_32k     the peer at 32K.
+  engine_decode the embedded engine's decode tokens/s (Qwen3-0.6B, bf16) at 1, 16 and 64 requests.
+  profile_8k    one learner_8k tree step under the JAX profiler: device time by kernel, top entries and
+                by kind (matmul, attention kernel, fusion, copy/convert, ...).
+  variants_8k   learner_8k's tree step with attention "blocked" and "dense", and without remat.
+
+MFU counts the model FLOPs of a step as 3 x its forward (benchmarks/torch_peer.py `step_flops`, for both
+sides; recomputation not counted) against the chip's dense bf16 peak. --small: tiny shapes on the CPU
+(what tests/benchmarks/test_device_check.py runs).
 """
 
 from __future__ import annotations
@@ -25,44 +35,61 @@ import argparse
 import json
 import os
 import pathlib
-import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SGLANG_SPEC = "sglang==0.5.23"
-SGLANG_LOCK = ROOT / "third_party" / "sglang-cuda" / "requirements.txt"
-# In this order; a part gets its budget or what is left before the deadline, whichever is less (SGLang
-# before the cheap decode part, so its background install has the most time and it the most budget).
-PARTS = ("learner_mfu", "pallas", "sglang", "engine_decode")
-# Seconds each part may take on the accelerator (the whole check has ~10 minutes, installs included).
-BUDGET_S = {"learner_mfu": 170, "pallas": 80, "sglang": 200, "engine_decode": 50}
-SMALL_BUDGET_S = 240  # a loaded 2-core machine compiles slowly; a quiet one takes ~10 s a part
-# Dense bf16 peak FLOP/s by device kind (vendor datasheets; H100/H200 SXM without sparsity).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "TPU v5 lite": 197e12, "TPU v5p": 459e12,
-             "TPU v6 lite": 918e12}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# name -> seconds it may take on an H200 (the whole check has 6 minutes; a part gets its own or what is
+# left, whichever is less; the first compile of each process is in it).
+BUDGET_S = {"environment": 25, "kernels": 45, "learner_8k": 70, "torch_8k": 40, "moe_8k": 60, "learner_32k": 60,
+            "torch_32k": 40, "engine_decode": 50, "profile_8k": 40, "variants_8k": 90}
+PARTS = tuple(BUDGET_S)
+SMALL_BUDGET_S = 240  # a loaded 2-core machine compiles slowly
+MIN_PART_S = 15       # a part with less time left is recorded as skipped
+
+
+class Recorder:
+  """A part's figures, written whole to its JSON file at each `put`: a part cut off keeps what it has."""
+
+  def __init__(self, path: pathlib.Path):
+    self.path, self.data = path, {}
+
+  def put(self, **items: Any) -> None:
+    self.data.update(items)
+    tmp = self.path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(self.data, indent=1))
+    os.replace(tmp, self.path)
 
 
 def _sizes(small: bool) -> dict[str, Any]:
   if small:
-    # One row length and one concurrency: each costs compiles, which the CPU test pays in full.
-    return {"preset": "test-tiny", "layers": 1, "rows": (512,), "calls": 2, "engine_model": "test-tiny",
-            "concurrency": (1,), "new_tokens": 4, "repeats": 1}
-  return {"preset": "qwen3-8b", "layers": 4, "rows": (8192, 32768), "calls": 8, "engine_model": "qwen3-0.6b",
-          "concurrency": (1, 16), "new_tokens": 64, "repeats": 2}
+    return {"preset": "test-tiny", "layers": 1, "moe_preset": "test-tiny-moe", "moe_layers": 1, "rows": (512, 1024),
+            "calls": 2, "engine_model": "test-tiny", "concurrency": (1, 4), "new_tokens": 8, "repeats": 1,
+            "block": 64, "vocab": 8192}
+  return {"preset": "qwen3-8b", "layers": 4, "moe_preset": "qwen3-30b-a3b", "moe_layers": 2, "rows": (8192, 32768),
+          "calls": 8, "engine_model": "qwen3-0.6b", "concurrency": (1, 16, 64), "new_tokens": 64, "repeats": 2,
+          "block": 512, "vocab": None}
 
 
-def _peak(device_kind: str) -> float | None:
-  return next((peak for name, peak in PEAK_BF16.items() if name in device_kind), None)
+def _model_cfg(small: bool, *, moe: bool = False, **runtime: Any):
+  from clawjax.models.config import preset  # pylint: disable=import-outside-toplevel
+  sizes = _sizes(small)
+  settings: dict[str, Any] = {"n_layers": sizes["moe_layers" if moe else "layers"], "attention_impl": "pallas",
+                              "attention_block": sizes["block"], "dtype": "bfloat16", "param_dtype": "float32",
+                              "remat": True}
+  if sizes["vocab"]:
+    settings["vocab_size"] = sizes["vocab"]
+  return preset(sizes["moe_preset" if moe else "preset"], **{**settings, **runtime})
 
 
-# ---- learner_mfu and pallas -------------------------------------------------------------------------
+# ---- the learner's steps --------------------------------------------------------------------------------
 
 def _group(row_len: int, calls: int, seed: int):
   """(tree batch, paths batch) of one GRPO group of two agent rollouts sharing a prompt, sized to fill
@@ -90,304 +117,232 @@ def _group(row_len: int, calls: int, seed: int):
   raise ValueError(f"no group of {calls} calls fits a {row_len}-token row")
 
 
-def _flops(cfg, batch) -> float:
-  """Model FLOPs of one learner step on `batch`: 3 x the forward's (layers, attention pairs, logits)."""
-  sys.path.insert(0, str(ROOT / "benchmarks"))
-  from learner_tree_vs_paths import attended_pairs, layer_flops  # pylint: disable=import-outside-toplevel
-  per_token, per_pair = layer_flops(cfg)
-  tokens = float((batch.segment_ids_RT > 0).sum())
-  logits = float((batch.unique_weight_RT > 0).sum()) * 2.0 * cfg.d_model * cfg.vocab_size
-  return 3.0 * (cfg.n_layers * (tokens * per_token + attended_pairs(batch) * per_pair) + logits)
+def _batch_flops(cfg, batch) -> tuple[int, float]:
+  """(tokens, model FLOPs of a learner step on `batch`): every token through the layers, each one's
+  ancestors-or-self attended, the vocabulary projection at the loss tokens."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from torch_peer import step_flops  # pylint: disable=import-outside-toplevel
+  real = batch.segment_ids_RT > 0
+  pairs = float(np.sum(np.where(real, batch.positions_RT + 1.0, 0.0)))
+  return int(real.sum()), step_flops(cfg, float(real.sum()), pairs, float((batch.unique_weight_RT > 0).sum()))
 
 
-def _timed_steps(learner, batch, repeats: int) -> dict[str, float]:
-  device_batch = learner.prepare(batch)
-  start = time.perf_counter()
-  first = learner.step(device_batch)
-  compile_s = time.perf_counter() - start
-  times = [learner.step(learner.prepare(batch))["step_seconds"] for _ in range(repeats)]
-  return {"first_step_s": round(compile_s, 3), "step_s": statistics.median(times), "loss": float(first["loss"])}
+def _peak_flops() -> float | None:
+  import jax  # pylint: disable=import-outside-toplevel
+  from torch_peer import peak_flops  # pylint: disable=import-outside-toplevel
+  return peak_flops(jax.devices()[0].device_kind)
 
 
-def _learner(cfg_kwargs: dict, model_cfg, micro_batches: int):
+def _peak_memory_gib() -> float | None:
+  """The device allocator's high-water mark so far (None where the backend keeps none, e.g. the CPU)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats["peak_bytes_in_use"] / 2 ** 30 if "peak_bytes_in_use" in stats else None
+
+
+def _learner(model_cfg, micro_batches: int, small: bool):
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from clawjax.models.model import Decoder  # pylint: disable=import-outside-toplevel
   from clawjax.rl.config import LearnerConfig  # pylint: disable=import-outside-toplevel
   from clawjax.rl.learner import Learner  # pylint: disable=import-outside-toplevel
-  return Learner(LearnerConfig(micro_batches=micro_batches, **cfg_kwargs), Decoder(model_cfg, rngs=nnx.Rngs(0)))
+  cfg = LearnerConfig(micro_batches=micro_batches, lr=1e-6, logits_chunk=128 if small else 512)
+  return Learner(cfg, Decoder(model_cfg, rngs=nnx.Rngs(0)))
 
 
-def _model_cfg(sizes: dict, small: bool, attention: str):
-  from clawjax.models.config import preset  # pylint: disable=import-outside-toplevel
-  runtime: dict[str, Any] = {"n_layers": sizes["layers"], "attention_impl": attention}
-  if small:
-    runtime.update(vocab_size=8192, attention_block=128)
-  else:  # the paper's run-time settings (configs/paper/common.py)
-    runtime.update(attention_block=512, dtype="bfloat16", param_dtype="float32", remat=True)
-  return preset(sizes["preset"], **runtime)
+def timed_step(model_cfg, batch, *, micro_batches: int, repeats: int, small: bool) -> dict[str, Any]:
+  """The learner's step (pi_old pass and update) on `batch`: the first (compiling) step's seconds, the
+  median of `repeats` more, tokens/s, model FLOPs, MFU and the allocator's peak."""
+  learner = _learner(model_cfg, micro_batches, small)
+  start = time.perf_counter()
+  first = learner.step(learner.prepare(batch))
+  first_s = time.perf_counter() - start
+  step_s = statistics.median(learner.step(learner.prepare(batch))["step_seconds"] for _ in range(repeats))
+  tokens, flops = _batch_flops(model_cfg, batch)
+  peak = _peak_flops()
+  return {"first_step_s": round(first_s, 3), "step_s": step_s, "rows": int(batch.shape[0]), "tokens": tokens,
+          "tokens_per_s": tokens / step_s, "flops": flops, "mfu": flops / step_s / peak if peak else None,
+          "loss": float(first["loss"]), "peak_mem_gib": _peak_memory_gib()}
 
 
-def part_learner_mfu(small: bool) -> dict[str, Any]:
+def _learner_part(rec: Recorder, small: bool, row: int, layouts: tuple[str, ...], moe: bool = False) -> None:
   import jax  # pylint: disable=import-outside-toplevel
   sizes = _sizes(small)
-  kind = jax.devices()[0].device_kind
-  peak = _peak(kind)
-  model_cfg = _model_cfg(sizes, small, "blocked")
-  out: dict[str, Any] = {"device_kind": kind, "peak_bf16_flops": peak, "preset": sizes["preset"],
-                         "layers": model_cfg.n_layers, "rows": {}}
-  learner_kwargs = {"lr": 1e-6, "logits_chunk": 128 if small else 512}
-  for row_len in sizes["rows"]:
-    tree, paths = _group(row_len, sizes["calls"], seed=row_len)
-    row: dict[str, Any] = {}
-    for name, batch, micro in (("tree", tree, 1), ("paths", paths, paths.shape[0])):
-      timed = _timed_steps(_learner(learner_kwargs, model_cfg, micro), batch, sizes["repeats"])
-      flops = _flops(model_cfg, batch)
-      row[name] = {**timed, "rows": batch.shape[0], "tokens": int((batch.segment_ids_RT > 0).sum()),
-                   "flops": flops, "flops_per_s": flops / timed["step_s"],
-                   "mfu": flops / timed["step_s"] / peak if peak else None}
-    row["tree_speedup"] = row["paths"]["step_s"] / row["tree"]["step_s"]
-    out["rows"][str(row_len)] = row
-  return out
+  row_len = sizes["rows"][row]
+  cfg = _model_cfg(small, moe=moe)
+  rec.put(device_kind=jax.devices()[0].device_kind, preset=sizes["moe_preset" if moe else "preset"],
+          layers=cfg.n_layers, row_len=row_len, attention_impl=cfg.attention_impl)
+  tree, paths = _group(row_len, sizes["calls"], seed=row_len)
+  for name in layouts:
+    batch = {"tree": tree, "paths": paths}[name]
+    rec.put(**{name: timed_step(cfg, batch, micro_batches=batch.shape[0] if name == "paths" else 1,
+                                repeats=sizes["repeats"], small=small)})
 
 
-def part_pallas(small: bool) -> dict[str, Any]:
-  from clawjax.models.attention import KERNELS  # pylint: disable=import-outside-toplevel
-  if "pallas" not in KERNELS:
-    return {"status": "unavailable", "reason": f"no 'pallas' attention kernel registered ({sorted(KERNELS)})"}
+def part_learner_8k(rec: Recorder, small: bool) -> None:
+  _learner_part(rec, small, 0, ("tree", "paths"))
+
+
+def part_learner_32k(rec: Recorder, small: bool) -> None:
+  _learner_part(rec, small, 1, ("tree",))
+
+
+def part_moe_8k(rec: Recorder, small: bool) -> None:
+  _learner_part(rec, small, 0, ("tree",), moe=True)
+
+
+def part_variants_8k(rec: Recorder, small: bool) -> None:
   sizes = _sizes(small)
-  tree, _ = _group(sizes["rows"][0], sizes["calls"], seed=1)
-  out: dict[str, Any] = {"row_len": sizes["rows"][0]}
-  for impl in ("blocked", "pallas"):
-    model_cfg = _model_cfg(sizes, small, impl)
-    out[impl] = _timed_steps(_learner({"lr": 1e-6, "logits_chunk": 128 if small else 512}, model_cfg, 1), tree,
-                             sizes["repeats"])
-  out["pallas_speedup"] = out["blocked"]["step_s"] / out["pallas"]["step_s"]
-  out["loss_rel_diff"] = abs(out["pallas"]["loss"] - out["blocked"]["loss"]) / max(abs(out["blocked"]["loss"]), 1e-30)
-  return out
+  tree, _ = _group(sizes["rows"][0], sizes["calls"], seed=sizes["rows"][0])
+  for name, runtime in (("blocked", {"attention_impl": "blocked"}), ("dense", {"attention_impl": "dense"}),
+                        ("no_remat", {"remat": False})):
+    rec.put(**{name: timed_step(_model_cfg(small, **runtime), tree, micro_batches=1, repeats=sizes["repeats"],
+                                small=small)})
 
 
-# ---- engine_decode ----------------------------------------------------------------------------------
+# ---- the PyTorch peer --------------------------------------------------------------------------------
 
-def part_engine_decode(small: bool) -> dict[str, Any]:
-  sys.path.insert(0, str(ROOT / "benchmarks"))
+def _torch_part(rec: Recorder, small: bool, row: int) -> None:
+  from torch_peer import peer_step  # pylint: disable=import-outside-toplevel
+  from clawjax.models.config import preset  # pylint: disable=import-outside-toplevel
+  sizes = _sizes(small)
+  runtime = {"n_layers": sizes["layers"], **({"vocab_size": sizes["vocab"]} if sizes["vocab"] else {})}
+  rec.put(**peer_step(preset(sizes["preset"], **runtime), sizes["rows"][row], repeats=sizes["repeats"]))
+
+
+def part_torch_8k(rec: Recorder, small: bool) -> None:
+  _torch_part(rec, small, 0)
+
+
+def part_torch_32k(rec: Recorder, small: bool) -> None:
+  _torch_part(rec, small, 1)
+
+
+# ---- kernels, engine, profile, environment -------------------------------------------------------------
+
+def part_kernels(rec: Recorder, small: bool) -> None:
+  from kernel_check import attention_errors  # pylint: disable=import-outside-toplevel
+  # On the CPU the kernels run in the Pallas interpreter: small shapes.
+  rec.put(attention=attention_errors(**({"row_len": 512, "block": 64, "n_heads": 4, "head_dim": 64} if small else {})))
+
+
+def part_engine_decode(rec: Recorder, small: bool) -> None:
   from engine_throughput import decode_throughput  # pylint: disable=import-outside-toplevel
   from clawjax.models.loading import load_model  # pylint: disable=import-outside-toplevel
   sizes = _sizes(small)
-  overrides = {} if small else {"dtype": "bfloat16", "param_dtype": "bfloat16"}
-  model = load_model(sizes["engine_model"], random_init=True, **overrides).model
-  out: dict[str, Any] = {"model": sizes["engine_model"], **overrides}
+  model = load_model(sizes["engine_model"], random_init=True, dtype="bfloat16", param_dtype="bfloat16").model
+  rec.put(model=sizes["engine_model"], dtype="bfloat16", new_tokens=sizes["new_tokens"])
   for concurrency in sizes["concurrency"]:
-    r = decode_throughput(model, concurrency, sizes["new_tokens"], 32, seed=0)
-    out[f"decode_tok_s_{concurrency}"] = r["tok_s"]
-    out[f"decode_{concurrency}_detail"] = r
+    rec.put(**{f"decode_{concurrency}": decode_throughput(model, concurrency, sizes["new_tokens"], 32, seed=0)})
+
+
+def part_profile_8k(rec: Recorder, small: bool) -> None:
+  from step_profile import profile_step  # pylint: disable=import-outside-toplevel
+  sizes = _sizes(small)
+  tree, _ = _group(sizes["rows"][0], sizes["calls"], seed=sizes["rows"][0])
+  learner = _learner(_model_cfg(small), 1, small)
+  rec.put(**profile_step(lambda: learner.step(learner.prepare(tree))))
+
+
+def part_environment(rec: Recorder, small: bool) -> None:
+  from clawjax.environment import describe  # pylint: disable=import-outside-toplevel
+  del small
+  query = "name,memory.total,driver_version,clocks.max.sm"
+  try:
+    smi = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=20).stdout.strip()
+  except (OSError, subprocess.TimeoutExpired) as e:
+    smi = f"unavailable: {e}"
+  rec.put(nvidia_smi=smi, **describe())
+
+
+PART_FNS: dict[str, Callable[[Recorder, bool], None]] = {
+    "environment": part_environment, "kernels": part_kernels, "learner_8k": part_learner_8k,
+    "torch_8k": part_torch_8k, "moe_8k": part_moe_8k, "learner_32k": part_learner_32k, "torch_32k": part_torch_32k,
+    "engine_decode": part_engine_decode, "profile_8k": part_profile_8k, "variants_8k": part_variants_8k}
+
+
+# ---- the side-by-side summary ------------------------------------------------------------------------
+
+def summary(results: dict[str, dict]) -> dict[str, Any]:
+  """The ratios the parts measured so far give: clawjax's tree step against the PyTorch peer per row length
+  (tokens/s, and a GRPO group's time against the peer training its paths), MFUs, the MoE's memory."""
+  out: dict[str, Any] = {}
+  for label in ("8k", "32k"):
+    ours, peer = results.get(f"learner_{label}", {}), results.get(f"torch_{label}", {})
+    tree = ours.get("tree")
+    if tree:
+      out[f"mfu_tree_{label}"] = tree["mfu"]
+    if tree and peer.get("tokens_per_s"):
+      out[f"tree_vs_torch_tokens_per_s_{label}"] = tree["tokens_per_s"] / peer["tokens_per_s"]
+      out[f"mfu_torch_{label}"] = peer["mfu"]
+      paths = ours.get("paths")
+      if paths:  # the group's loss tokens trained by the peer on each path, against the tree step
+        out[f"group_vs_torch_on_paths_{label}"] = paths["tokens"] / peer["tokens_per_s"] / tree["step_s"]
+  moe = results.get("moe_8k", {}).get("tree")
+  if moe:
+    out.update(mfu_moe_8k=moe["mfu"], moe_8k_peak_mem_gib=moe["peak_mem_gib"])
   return out
 
 
-# ---- sglang -----------------------------------------------------------------------------------------
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _logprob_diff(model, prompt: list[int], generation) -> dict[str, float]:
-  """The engine's log-probs of its sampled tokens against the model's own (log softmax at T = 1)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from clawjax.models.model import causal_inputs  # pylint: disable=import-outside-toplevel
-  ids = list(prompt) + list(generation.output_ids)
-  logits = model(*causal_inputs(jnp.asarray([ids], jnp.int32)))[0].astype(jnp.float32)
-  logp = jax.nn.log_softmax(logits, axis=-1)
-  ours = np.asarray(logp[np.arange(len(prompt) - 1, len(ids) - 1), np.asarray(generation.output_ids)])
-  diff = np.abs(ours - np.asarray(generation.output_logprobs))
-  return {"tokens": len(generation.output_ids), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
-
-
-async def _exchange(backend, model, workdir: pathlib.Path, out: dict[str, Any]) -> None:
-  """Against the served weights: our backend's log-probs, one push of moved weights (exported as the
-  trainer's push exports them), its weight_version read back, the log-probs again. One event loop for
-  all of it: the backend's HTTP session belongs to the loop that made it."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from clawjax.generation import SamplingParams  # pylint: disable=import-outside-toplevel
-  from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel
-  from clawjax.serving.backends.base import PromptIds  # pylint: disable=import-outside-toplevel
-  prompt = list(range(1000, 1064))
-  params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=0)
-  try:
-    out["logprobs_v0"] = _logprob_diff(model, prompt, await backend.generate(PromptIds(prompt), params))
-    keys = iter(jax.random.split(jax.random.key(1), 10_000))
-    nnx.update(model, jax.tree.map(lambda x: x + 0.01 * jax.random.normal(next(keys), x.shape, x.dtype),
-                                   nnx.state(model, nnx.Param)))
-    start = time.monotonic()
-    second = hf_io.save(model, workdir / "sglang_v1", dtype=hf_io.push_dtype(model.cfg))
-    out["push_export_s"] = time.monotonic() - start
-    out["push_bytes"] = sum(p.stat().st_size for p in second.glob("*.safetensors"))
-    start = time.monotonic()
-    out["weight_version_read_back"] = await backend.update_weights_from_disk(str(second), 1)
-    await backend.flush_cache()
-    out["update_weights_from_disk_s"] = time.monotonic() - start
-    after = await backend.generate(PromptIds(prompt), params)
-    out["generation_policy_version"] = after.policy_version
-    out["logprobs_v1"] = _logprob_diff(model, prompt, after)
-    out["status"] = "ok" if out["weight_version_read_back"] == 1 == after.policy_version else "failed"
-  finally:
-    await backend.close()
-
-
-def part_sglang(small: bool, sglang_python: str | None, workdir: pathlib.Path, budget_s: float) -> dict[str, Any]:
-  if small:
-    return {"status": "skipped", "reason": "--small: real SGLang needs its CUDA build and a GPU"}
-  if not sglang_python or not pathlib.Path(sglang_python).exists():
-    return {"status": "skipped", "reason": f"no SGLang interpreter ({sglang_python!r}): its install failed or ran out of time"}
-  import asyncio  # pylint: disable=import-outside-toplevel
-  from clawjax.models import hf_io  # pylint: disable=import-outside-toplevel
-  from clawjax.models.loading import load_model  # pylint: disable=import-outside-toplevel
-  from clawjax.serving.backends.base import create_backend  # pylint: disable=import-outside-toplevel
-  from clawjax.serving.vllm_cpu import wait_healthy  # pylint: disable=import-outside-toplevel
-  deadline = time.monotonic() + budget_s - 10
-  model = load_model("qwen3-0.6b", random_init=True, dtype="bfloat16", param_dtype="float32").model
-  first = hf_io.save(model, workdir / "sglang_v0", dtype=hf_io.push_dtype(model.cfg))
-  port = _free_port()
-  url = f"http://127.0.0.1:{port}"
-  log_path = workdir / "sglang_server.log"
-  out: dict[str, Any] = {"model": "qwen3-0.6b (random init, bf16 export)", "server_log": str(log_path)}
-  with open(log_path, "wb") as log:
-    proc = subprocess.Popen([sglang_python, "-m", "sglang.launch_server", "--model-path", str(first),
-                             "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
-                             "--dtype", "bfloat16", "--mem-fraction-static", "0.3", "--disable-cuda-graph",
-                             # Triton attention and torch sampling: FlashInfer may fetch kernels from
-                             # outside, and only the package registries are reachable.
-                             "--attention-backend", "triton", "--sampling-backend", "pytorch",
-                             "--random-seed", "0"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-  try:
-    start = time.monotonic()
-    wait_healthy(proc, url, timeout_s=deadline - start, name="SGLang")
-    out["startup_s"] = time.monotonic() - start
-    asyncio.run(_exchange(create_backend("sglang", url=url), model, workdir, out))
-  except Exception as e:  # pylint: disable=broad-except  (recorded with what was measured before it)
-    out.update(status="failed", reason=f"{type(e).__name__}: {e}",
-               server_log_tail=log_path.read_text(errors="replace")[-2000:])
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGTERM)
-      try:
-        proc.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-  return out
-
-
-# ---- the SGLang lock --------------------------------------------------------------------------------
-
-def relock_sglang() -> pathlib.Path:
-  """Re-resolves SGLANG_SPEC with pip's resolver (`--dry-run --report`: metadata only, no multi-GB wheel
-  downloaded) and writes every package with its version and wheel sha256 to SGLANG_LOCK."""
-  with tempfile.TemporaryDirectory(prefix="clawjax-relock-") as tmp:
-    report = pathlib.Path(tmp) / "report.json"
-    subprocess.run([sys.executable, "-m", "pip", "-q", "install", "--dry-run", "--ignore-installed",
-                    "--only-binary=:all:", "--report", str(report), SGLANG_SPEC], check=True)
-    items = json.loads(report.read_text())["install"]
-  tag = f"cp{sys.version_info.major}{sys.version_info.minor}-{sys.platform}-{platform.machine()}"
-  lines = [f"# {SGLANG_SPEC} (PyPI's build: CUDA) and everything it needs, with the sha256 of each wheel.",
-           "# Written by `python scripts/device_check.py --relock-sglang`; installed by scripts/device_check.sh",
-           "# with `pip install --require-hashes --no-deps`.", f"# resolved for: {tag}"]
-  for item in sorted(items, key=lambda i: i["metadata"]["name"].lower()):
-    name, version = item["metadata"]["name"], item["metadata"]["version"]
-    sha256 = item["download_info"].get("archive_info", {}).get("hashes", {}).get("sha256")
-    if sha256 is None:
-      raise ValueError(f"pip reported no sha256 for {name}=={version}")
-    lines.append(f"{name}=={version} \\\n    --hash=sha256:{sha256}")
-  SGLANG_LOCK.parent.mkdir(parents=True, exist_ok=True)
-  SGLANG_LOCK.write_text("\n".join(lines) + "\n")
-  return SGLANG_LOCK
-
-
-# ---- driver -----------------------------------------------------------------------------------------
+# ---- driver --------------------------------------------------------------------------------------------
 
 def _run_part(name: str, args: argparse.Namespace, budget_s: float) -> dict[str, Any]:
-  """One part in a child process (a crash, an out-of-memory or a hang ends that part only)."""
-  result_file = pathlib.Path(args.workdir) / f"{name}.json"
-  cmd = [sys.executable, __file__, "--part", name, "--workdir", args.workdir, "--budget-s", str(budget_s)]
-  cmd += ["--small"] * args.small + (["--sglang-python", args.sglang_python] if args.sglang_python else [])
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  if args.small:  # the CPU backend, without probing for accelerator plugins
+  """One part in a child process: a crash, an out-of-memory or a hang ends that part only, and what it
+  recorded before survives."""
+  out_dir = pathlib.Path(args.out)
+  result_file = out_dir / f"{name}.json"
+  cmd = [sys.executable, __file__, "--part", name, "--out", args.out] + ["--small"] * args.small
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+             JAX_COMPILATION_CACHE_DIR=args.cache_dir)  # the profile part reuses learner_8k's programs
+  if args.small:
     env["JAX_PLATFORMS"] = "cpu"
-  if name == "sglang":  # the SGLang server shares the GPU with this part's JAX
-    env.update(XLA_PYTHON_CLIENT_PREALLOCATE="false", XLA_PYTHON_CLIENT_MEM_FRACTION="0.3")
   start = time.monotonic()
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s, env=env)
+    status = "ok" if proc.returncode == 0 else "failed"
+    tail = proc.stderr[-1500:] if proc.returncode else None
   except subprocess.TimeoutExpired as e:
-    tail = (e.stderr or b"")[-1500:]
-    return {"status": "timeout", "seconds": round(time.monotonic() - start, 1), "budget_s": budget_s,
-            "stderr_tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
-  seconds = round(time.monotonic() - start, 1)
-  if proc.returncode != 0 or not result_file.exists():
-    return {"status": "failed", "seconds": seconds, "returncode": proc.returncode, "stderr_tail": proc.stderr[-1500:]}
-  result = json.loads(result_file.read_text())
-  status = result.pop("status", "ok")
-  return {"status": status, "seconds": seconds, **({"reason": result.pop("reason")} if "reason" in result else {}),
-          "result": result}
+    status, tail = "timeout", (e.stderr or b"")[-1500:]
+    tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+  record: dict[str, Any] = {"status": status, "seconds": round(time.monotonic() - start, 1), "budget_s": round(budget_s)}
+  if tail:
+    record["stderr_tail"] = tail
+  if result_file.exists():
+    record["result"] = json.loads(result_file.read_text())
+  return record
 
 
 def main(argv: list[str] | None = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--small", action="store_true", help="tiny sizes on the CPU, SGLang skipped (the CPU test)")
-  p.add_argument("--out", help="the JSON report")
-  p.add_argument("--workdir", default=None, help="exports, logs and part results (default: beside --out)")
-  p.add_argument("--sglang-python", default=None, help="the interpreter of the SGLang CUDA venv")
-  p.add_argument("--install-dir", default=None, help="device_check.sh's install steps, a NAME.json each; "
-                 "the sglang part waits for sglang.json (its install runs meanwhile)")
-  p.add_argument("--deadline-s", type=float, default=560.0, help="seconds for all parts together")
+  p.add_argument("--out", required=True, help="folder of the parts' JSON files and device_check.json")
+  p.add_argument("--small", action="store_true", help="tiny shapes on the CPU (the CPU test)")
+  p.add_argument("--deadline-s", type=float, default=360.0, help="seconds for all parts together")
   p.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-  p.add_argument("--relock-sglang", action="store_true", help=f"rewrite {SGLANG_LOCK.relative_to(ROOT)}")
+  p.add_argument("--cache-dir", default=None, help="the parts' shared JAX compilation cache (default: a temporary folder)")
   p.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child process runs one part
-  p.add_argument("--budget-s", type=float, default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
-  if args.relock_sglang:
-    print(relock_sglang())
-    return 0
+  out_dir = pathlib.Path(args.out)
+  out_dir.mkdir(parents=True, exist_ok=True)
   if args.part:
-    workdir = pathlib.Path(args.workdir)
-    if args.part == "sglang":
-      result = part_sglang(args.small, args.sglang_python, workdir, args.budget_s)
-    else:
-      result = {"learner_mfu": part_learner_mfu, "pallas": part_pallas,
-                "engine_decode": part_engine_decode}[args.part](args.small)
-    (workdir / f"{args.part}.json").write_text(json.dumps(result))
+    PART_FNS[args.part](Recorder(out_dir / f"{args.part}.json"), args.small)
     return 0
-  if not args.out:
-    p.error("--out is required")
-  out = pathlib.Path(args.out)
-  args.workdir = args.workdir or str(out.parent / (out.stem + "_work"))
-  pathlib.Path(args.workdir).mkdir(parents=True, exist_ok=True)
   started = time.monotonic()
-  deadline = started + args.deadline_s
-  install_dir = pathlib.Path(args.install_dir) if args.install_dir else None
-  report: dict[str, Any] = {"small": args.small, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                            "parts": {}}
-  for name in args.parts:
-    if name == "sglang" and install_dir and not args.small:
-      while not (install_dir / "sglang.json").exists() and time.monotonic() < deadline - 60:
-        time.sleep(2)  # its install, in the background since the start
-    budget = min(SMALL_BUDGET_S if args.small else BUDGET_S[name], deadline - time.monotonic())
-    if budget < 20:
-      report["parts"][name] = {"status": "skipped", "seconds": 0, "reason": "out of time"}
-    else:
-      report["parts"][name] = _run_part(name, args, budget)
-    print(f"[{time.strftime('%H:%M:%S')}] {name}: {report['parts'][name]['status']} "
-          f"({report['parts'][name]['seconds']} s)", file=sys.stderr, flush=True)
-  report["install"] = {p.stem: json.loads(p.read_text()) for p in sorted(install_dir.glob("*.json"))} if install_dir else {}
-  try:
-    from clawjax.environment import describe  # pylint: disable=import-outside-toplevel
-    report["environment"] = describe()
-  except ImportError as e:  # the JAX venv's install failed: the report still says so
-    report["environment"] = {"error": str(e)}
-  report["wall_s"] = round(time.monotonic() - started, 1)
-  out.write_text(json.dumps(report, indent=1) + "\n")
+  with tempfile.TemporaryDirectory(prefix="clawjax-device-check-") as tmp:
+    args.cache_dir = args.cache_dir or tmp
+    report: dict[str, Any] = {"small": args.small, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "deadline_s": args.deadline_s, "parts": {}}
+    for name in args.parts:
+      left = args.deadline_s - (time.monotonic() - started)
+      budget = min(SMALL_BUDGET_S if args.small else BUDGET_S[name], left)
+      if budget < MIN_PART_S:
+        report["parts"][name] = {"status": "skipped", "seconds": 0, "reason": "out of time"}
+      else:
+        report["parts"][name] = _run_part(name, args, budget)
+      print(f"[{time.strftime('%H:%M:%S')}] {name}: {report['parts'][name]['status']} "
+            f"({report['parts'][name]['seconds']} s)", file=sys.stderr, flush=True)
+      results = {k: v["result"] for k, v in report["parts"].items() if "result" in v}
+      report.update(summary=summary(results), wall_s=round(time.monotonic() - started, 1))
+      (out_dir / "device_check.json").write_text(json.dumps(report, indent=1) + "\n")
   return 0
 
 

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from clawjax import sharding
-from clawjax.aot import flops, step, topology
+from clawjax.aot import flops, measured, step, topology
 from clawjax.aot.spec import StepSpec
 
 FULL_DEPTH_MAX = 4
@@ -51,6 +51,11 @@ class Report:
   est_step_s: float
   mfu: float
   tokens_per_s_per_chip: float
+  # The step at the MFU measured on this chip for this model kind (clawjax/aot/measured.py): None where
+  # the chip and kind were never measured.
+  measured_mfu: float | None
+  measured: dict[str, Any] | None   # the measurement: its row length, date and what was measured
+  est_step_s_at_measured_mfu: float | None
 
   def as_json(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -79,7 +84,15 @@ class Report:
         f"tokens/step   {self.tokens_per_step} ({self.active_params / 1e9:.2f}B active parameters)",
         f"step time     {self.est_step_s:.2f} s at peak (compute {self.est_compute_s:.2f} s, HBM {self.est_hbm_s:.2f} s),"
         f" MFU {self.mfu:.1%}, {self.tokens_per_s_per_chip:.0f} tokens/s per chip",
+        f"              {self._measured_text()}",
     ])
+
+  def _measured_text(self) -> str:
+    if self.measured is None:
+      return f"no MFU measured on {self.chip} for this model kind yet: only the time at peak"
+    m = self.measured
+    return (f"{self.est_step_s_at_measured_mfu:.2f} s at the MFU measured on {self.chip} ({self.measured_mfu:.1%}, "
+            f"{m['kind']}, {m['row_len']}-token rows, {m['date']}: {m['what']})")
 
 
 def _extrapolate(compiled: list[step.CompiledStep], layers: int) -> dict[str, float]:
@@ -117,6 +130,7 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
   step_s = max(compute_s, hbm_s)
   tokens = layout.rows * layout.row_len
   compiler = figures["compiler_flops"]
+  seen = measured.lookup(target.chip_name, "moe" if spec.model.n_experts else "dense", layout.row_len)
   return Report(
       topology=slice_name, devices=n, chip=target.chip_name, mesh=dict(mesh.shape), model=spec.model_name,
       attention_impl=spec.model.attention_impl, remat=spec.model.remat, layers=layers,
@@ -127,4 +141,6 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
       active_params=flops.active_params(spec.model), flops_per_step=count.flops,
       model_flops_per_step=count.model_flops, compiler_flops_per_step=None if compiler is None else compiler * n,
       est_compute_s=compute_s, est_hbm_s=hbm_s, est_step_s=step_s,
-      mfu=count.model_flops / (step_s * n * chip.peak_flops), tokens_per_s_per_chip=tokens / step_s / n)
+      mfu=count.model_flops / (step_s * n * chip.peak_flops), tokens_per_s_per_chip=tokens / step_s / n,
+      measured_mfu=None if seen is None else seen.mfu, measured=None if seen is None else dataclasses.asdict(seen),
+      est_step_s_at_measured_mfu=None if seen is None else count.model_flops / (n * chip.peak_flops * seen.mfu))

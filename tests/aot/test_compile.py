@@ -1,5 +1,6 @@
 """experiments/compile.py on a small Qwen3-MoE step for v5e:2x2: the figures of a step that fits, and a
-step too large for the chip refused in one line. Needs libtpu (the `tpu` extra)."""
+step too large for the chip refused in one line; for an H200, the step time also at the MFU measured on
+that chip. Needs libtpu (the `tpu` extra) and XLA's CUDA compiler (the `gpu-aot` extra)."""
 
 import json
 import os
@@ -8,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+
+from clawjax.aot.report import Report
 
 pytest.importorskip("libtpu", reason="compiling for TPU needs the tpu extra (pip install '.[tpu]')")
 
@@ -35,6 +38,24 @@ def test_small_moe_step_fits_v5e_2x2():
   # Every token runs forward and backward through every active parameter at least once.
   assert report["flops_per_step"] >= 6 * report["active_params"] * report["tokens_per_step"]
   assert report["compiler_flops_per_step"] > 0 and report["est_step_s"] > 0 and 0 < report["mfu"] <= 1
+  # No MFU has been measured on a v5e: only the time at peak, and the text says so.
+  assert report["measured_mfu"] is None is report["est_step_s_at_measured_mfu"] is report["measured"]
+
+
+@pytest.mark.slow
+def test_h200_step_time_at_the_measured_mfu():
+  pytest.importorskip("jax_cuda12_plugin", reason="compiling for GPUs needs the gpu-aot extra")
+  done = _compile("--json", "--topology=h200:1x1x1")
+  assert done.returncode == 0, done.stderr[-2000:]
+  report = json.loads(done.stdout)
+  seen = report["measured"]
+  assert seen["chip"] == "h200" and seen["kind"] == "moe" and seen["date"] and seen["mfu"] == report["measured_mfu"]
+  # The same model FLOPs at the measured MFU instead of at the chip's peak.
+  assert report["est_step_s_at_measured_mfu"] == pytest.approx(
+      report["model_flops_per_step"] / (989e12 * report["measured_mfu"]))
+  assert report["est_step_s_at_measured_mfu"] > report["est_step_s"]
+  text = Report(**report).text()  # what the command prints without --json
+  assert f"at the MFU measured on h200 ({report['measured_mfu']:.1%}, moe" in text, text
 
 
 @pytest.mark.slow
