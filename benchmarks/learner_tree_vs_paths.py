@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from clawjax.aot.flops import forward_flops
 from clawjax.environment import describe as describe_environment
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder
@@ -60,13 +61,6 @@ def make_batches(args) -> tuple:
   tree = pack_trees(trees, scores, row_len=row_len, share_prompts=args.share_prompts)
   paths = pack_paths(trees, scores, row_len=row_len)
   return tree, paths, sum(len(cs) for cs in by_rollout.values())
-
-
-def layer_flops(cfg) -> tuple[float, float]:
-  """Forward FLOPs of one layer: (per token, excluding attention scores; per attended query-key pair)."""
-  d, q, kv = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-  mlp = (cfg.n_experts + 3 * cfg.top_k * cfg.moe_mlp_dim) * d if cfg.n_experts else 3 * d * cfg.mlp_dim
-  return 2.0 * (d * (q + 2 * kv) + q * d + mlp), 4.0 * q
 
 
 def attended_pairs(batch) -> float:
@@ -120,10 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
   out["attention_ratio"] = round(attended_pairs(paths) / attended_pairs(tree), 3)
   # Timed steps use path weighting (the last normalisation below): logits at every trained token of
   # every path in the paths layout, at each trained token once in the tree layout.
-  per_token, per_pair = layer_flops(model_cfg)
-  flops = {name: (model_cfg.n_layers * out[name + "_tokens"] * per_token,
-                  model_cfg.n_layers * attended_pairs(b) * per_pair,
-                  float((b.path_weight_RT > 0).sum()) * 2.0 * model_cfg.d_model * model_cfg.vocab_size)
+  flops = {name: forward_flops(model_cfg, tokens=out[name + "_tokens"], attended_pairs=attended_pairs(b),
+                               logit_tokens=float((b.path_weight_RT > 0).sum()))
            for name, b in (("tree", tree), ("paths", paths))}
   out["flop_ratio"] = round(sum(flops["paths"]) / sum(flops["tree"]), 3)
   out["tree_attention_flop_share"] = round(flops["tree"][1] / sum(flops["tree"]), 3)

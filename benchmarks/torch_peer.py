@@ -5,7 +5,8 @@ bf16 autocast, gradient checkpointing, SDPA attention over one causal row of `--
 AdamW. A step is the RL learner's work as verl and slime run it: the pi_old forward without a gradient,
 then forward and backward of the clipped-ratio loss, and the optimizer update. Its model FLOPs are counted
 as clawjax's device check counts its own (3 x the forward: layers, attention pairs of a causal row, the
-vocabulary projection at every token; recomputation not counted), so the two MFUs compare directly.
+vocabulary projection at every token; recomputation not counted: `clawjax.aot.flops.forward_flops`), so
+the two MFUs compare directly.
 
   python benchmarks/torch_peer.py --row-len 8192 [--preset qwen3-8b --layers 4] [--json]
 
@@ -27,25 +28,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import torch  # pylint: disable=wrong-import-position
 from transformers import Qwen3Config, Qwen3ForCausalLM  # pylint: disable=wrong-import-position
 
+from clawjax.aot import flops, topology  # pylint: disable=wrong-import-position
 from clawjax.models.config import ModelConfig, preset  # pylint: disable=wrong-import-position
-
-# Dense bf16 peak FLOP/s by device name (vendor datasheets; H100/H200 SXM without sparsity).
-PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
-
-
-def step_flops(cfg: ModelConfig, tokens: float, pairs: float, logit_tokens: float) -> float:
-  """Model FLOPs of one learner step, 3 x its forward: per token the layers' projections and MLPs (the
-  router and top_k experts of an MoE), per attended query-key pair QK^T and PV, per logit token the
-  vocabulary projection. The device check counts clawjax's steps with it too."""
-  d, q, kv = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-  mlp = (cfg.n_experts + 3 * cfg.top_k * cfg.moe_mlp_dim) * d if cfg.n_experts else 3 * d * cfg.mlp_dim
-  per_token, per_pair = 2.0 * (d * (q + 2 * kv) + q * d + mlp), 4.0 * q
-  return 3.0 * (cfg.n_layers * (tokens * per_token + pairs * per_pair) + logit_tokens * 2.0 * d * cfg.vocab_size)
-
-
-def peak_flops(device_name: str) -> float | None:
-  return next((peak for name, peak in PEAK_BF16.items() if name in device_name), None)
-
 
 def hf_config(cfg: ModelConfig) -> Qwen3Config:
   if cfg.n_experts:
@@ -96,11 +80,12 @@ def peer_step(cfg: ModelConfig, row_len: int, *, warmup: int = 1, repeats: int =
   first_s = sum(step() for _ in range(warmup))
   step_s = statistics.median(step() for _ in range(repeats))
   name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-  flops = step_flops(cfg, row_len, row_len * (row_len + 1) / 2, row_len)
-  peak = peak_flops(name)
+  model_flops = 3 * sum(flops.forward_flops(cfg, tokens=row_len, attended_pairs=row_len * (row_len + 1) / 2,
+                                            logit_tokens=row_len))
+  chip = topology.chip_of(name)
   return {"device": name, "torch": torch.__version__, "row_len": row_len, "layers": cfg.n_layers,
           "tokens": row_len, "warmup_s": round(first_s, 3), "step_s": step_s, "tokens_per_s": row_len / step_s,
-          "flops": flops, "mfu": flops / step_s / peak if peak else None,
+          "flops": model_flops, "mfu": model_flops / step_s / chip.peak_flops if chip else None,
           "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device == "cuda" else None}
 
 

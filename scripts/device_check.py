@@ -23,9 +23,10 @@ results, and the side-by-side ratios of `summary` as far as the parts so far giv
   profile_8k    one learner_8k tree step under the JAX profiler: device time by kernel, top entries and
                 by kind (matmul, attention kernel, fusion, copy/convert, ...).
   variants_8k   learner_8k's tree step with attention "blocked" and "dense", and without remat.
+  cublas_8k     learner_8k's tree step with XLA's Triton GEMM emitter off (every matmul on cuBLAS).
 
-MFU counts the model FLOPs of a step as 3 x its forward (benchmarks/torch_peer.py `step_flops`, for both
-sides; recomputation not counted) against the chip's dense bf16 peak. --small: tiny shapes on the CPU
+MFU counts the model FLOPs of a step as 3 x its forward (`clawjax.aot.flops.forward_flops`, for both sides;
+recomputation not counted) against the chip's dense bf16 peak (`clawjax.aot.topology.CHIPS`). --small: tiny shapes on the CPU
 (what tests/benchmarks/test_device_check.py runs).
 """
 
@@ -49,8 +50,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 # name -> seconds it may take on an H200 (the whole check has 6 minutes; a part gets its own or what is
 # left, whichever is less; the first compile of each process is in it).
 BUDGET_S = {"environment": 25, "kernels": 45, "learner_8k": 70, "torch_8k": 40, "moe_8k": 60, "learner_32k": 60,
-            "torch_32k": 40, "engine_decode": 50, "profile_8k": 40, "variants_8k": 90}
+            "torch_32k": 40, "engine_decode": 50, "profile_8k": 40, "variants_8k": 90, "cublas_8k": 40}
 PARTS = tuple(BUDGET_S)
+# XLA flags of a part's own process (read once, when JAX starts): the 8K tree step with every GEMM on
+# cuBLAS instead of XLA's choice between cuBLAS and its Triton emitter.
+PART_XLA_FLAGS = {"cublas_8k": "--xla_gpu_enable_triton_gemm=false"}
 SMALL_BUDGET_S = 240  # a loaded 2-core machine compiles slowly
 MIN_PART_S = 15       # a part with less time left is recorded as skipped
 
@@ -119,18 +123,21 @@ def _group(row_len: int, calls: int, seed: int):
 
 def _batch_flops(cfg, batch) -> tuple[int, float]:
   """(tokens, model FLOPs of a learner step on `batch`): every token through the layers, each one's
-  ancestors-or-self attended, the vocabulary projection at the loss tokens."""
+  ancestors-or-self attended, the vocabulary projection at the loss tokens; 3 x that forward."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from torch_peer import step_flops  # pylint: disable=import-outside-toplevel
+  from clawjax.aot.flops import forward_flops  # pylint: disable=import-outside-toplevel
   real = batch.segment_ids_RT > 0
   pairs = float(np.sum(np.where(real, batch.positions_RT + 1.0, 0.0)))
-  return int(real.sum()), step_flops(cfg, float(real.sum()), pairs, float((batch.unique_weight_RT > 0).sum()))
+  forward = forward_flops(cfg, tokens=float(real.sum()), attended_pairs=pairs,
+                          logit_tokens=float((batch.unique_weight_RT > 0).sum()))
+  return int(real.sum()), 3 * sum(forward)
 
 
 def _peak_flops() -> float | None:
   import jax  # pylint: disable=import-outside-toplevel
-  from torch_peer import peak_flops  # pylint: disable=import-outside-toplevel
-  return peak_flops(jax.devices()[0].device_kind)
+  from clawjax.aot.topology import chip_of  # pylint: disable=import-outside-toplevel
+  chip = chip_of(jax.devices()[0].device_kind)
+  return chip.peak_flops if chip else None
 
 
 def _peak_memory_gib() -> float | None:
@@ -188,6 +195,11 @@ def part_learner_32k(rec: Recorder, small: bool) -> None:
 
 def part_moe_8k(rec: Recorder, small: bool) -> None:
   _learner_part(rec, small, 0, ("tree",), moe=True)
+
+
+def part_cublas_8k(rec: Recorder, small: bool) -> None:
+  rec.put(xla_flags=PART_XLA_FLAGS["cublas_8k"])
+  _learner_part(rec, small, 0, ("tree",))
 
 
 def part_variants_8k(rec: Recorder, small: bool) -> None:
@@ -258,7 +270,8 @@ def part_environment(rec: Recorder, small: bool) -> None:
 PART_FNS: dict[str, Callable[[Recorder, bool], None]] = {
     "environment": part_environment, "kernels": part_kernels, "learner_8k": part_learner_8k,
     "torch_8k": part_torch_8k, "moe_8k": part_moe_8k, "learner_32k": part_learner_32k, "torch_32k": part_torch_32k,
-    "engine_decode": part_engine_decode, "profile_8k": part_profile_8k, "variants_8k": part_variants_8k}
+    "engine_decode": part_engine_decode, "profile_8k": part_profile_8k, "variants_8k": part_variants_8k,
+    "cublas_8k": part_cublas_8k}
 
 
 # ---- the side-by-side summary ------------------------------------------------------------------------
@@ -296,6 +309,8 @@ def _run_part(name: str, args: argparse.Namespace, budget_s: float) -> dict[str,
              JAX_COMPILATION_CACHE_DIR=args.cache_dir)  # the profile part reuses learner_8k's programs
   if args.small:
     env["JAX_PLATFORMS"] = "cpu"
+  if name in PART_XLA_FLAGS:
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {PART_XLA_FLAGS[name]}".strip()
   start = time.monotonic()
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s, env=env)

@@ -39,11 +39,20 @@ def total_params(m: ModelConfig) -> int:
   return m.n_layers * attn + mlp + m.d_model * m.vocab_size * (1 if m.tie_embeddings else 2)
 
 
+def forward_flops(m: ModelConfig, *, tokens: float, attended_pairs: float, logit_tokens: float
+                  ) -> tuple[float, float, float]:
+  """A forward pass's matmul FLOPs as (layers' projections and MLPs over `tokens`, attention scores QK^T and
+  PV over `attended_pairs` query-key pairs in each layer, vocabulary projection at `logit_tokens`). A step
+  that ran is measured by 3 x their sum (forward and backward, recomputation not counted): the MFU of
+  scripts/device_check.py and of its PyTorch peer."""
+  layers = 2.0 * (active_params(m) - m.d_model * m.vocab_size) * tokens
+  scores = 4.0 * m.n_heads * m.head_dim * m.n_layers * attended_pairs
+  return layers, scores, 2.0 * m.d_model * m.vocab_size * logit_tokens
+
+
 def _trunk_flops_per_token(m: ModelConfig, row_len: int) -> float:
-  """A token's forward through the layers: projections, MLPs and attention scores (QK^T and PV)."""
-  head = m.d_model * m.vocab_size
-  scores = 4 * m.n_heads * m.head_dim * (row_len + 1) / 2 * m.n_layers
-  return 2 * (active_params(m) - head) + scores
+  """A token's forward through the layers, attending to (row_len + 1) / 2 keys in each (a causal row)."""
+  return sum(forward_flops(m, tokens=1, attended_pairs=(row_len + 1) / 2, logit_tokens=0))
 
 
 def step_count(m: ModelConfig, learner: LearnerConfig, *, rows: int, row_len: int, loss_slots: int,

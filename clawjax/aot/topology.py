@@ -32,17 +32,21 @@ class Chip:
   hbm_bandwidth: float  # bytes/s per device
   source: str
   sm_count: int = 0    # GPUs: streaming multiprocessors (the GpuTargetConfig's core_count)
+  device_kind: str = ""  # what JAX's `device_kind` of such a device contains
 
 
 # Vendor figures per chip (dense bf16, no sparsity).
 CHIPS: dict[str, Chip] = {
-    "v5e": Chip("tpu", 16 * GIB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 197 TFLOP/s, 819 GB/s"),
-    "v5p": Chip("tpu", 95 * GIB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e, 459 TFLOP/s, 2765 GB/s"),
-    "v6e": Chip("tpu", 32 * GIB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e: 32 GiB HBM, 918 TFLOP/s, 1640 GB/s"),
+    "v5e": Chip("tpu", 16 * GIB, 197e12, 819e9, "cloud.google.com/tpu/docs/v5e: 16 GiB HBM2, 197 TFLOP/s, 819 GB/s",
+                device_kind="TPU v5 lite"),
+    "v5p": Chip("tpu", 95 * GIB, 459e12, 2765e9, "cloud.google.com/tpu/docs/v5p: 95 GiB HBM2e, 459 TFLOP/s, 2765 GB/s",
+                device_kind="TPU v5p"),
+    "v6e": Chip("tpu", 32 * GIB, 918e12, 1640e9, "cloud.google.com/tpu/docs/v6e: 32 GiB HBM, 918 TFLOP/s, 1640 GB/s",
+                device_kind="TPU v6 lite"),
     "h100": Chip("cuda", 80 * GIB, 989e12, 3.35e12, "nvidia.com/en-us/data-center/h100 (SXM): 80 GB HBM3, "
-                 "989 TFLOP/s bf16 dense (1979 with sparsity), 3.35 TB/s, 132 SMs", sm_count=132),
+                 "989 TFLOP/s bf16 dense (1979 with sparsity), 3.35 TB/s, 132 SMs", sm_count=132, device_kind="H100"),
     "h200": Chip("cuda", 141 * GIB, 989e12, 4.8e12, "nvidia.com/en-us/data-center/h200 (SXM): 141 GB HBM3e, "
-                 "989 TFLOP/s bf16 dense (1979 with sparsity), 4.8 TB/s, 132 SMs", sm_count=132),
+                 "989 TFLOP/s bf16 dense (1979 with sparsity), 4.8 TB/s, 132 SMs", sm_count=132, device_kind="H200"),
 }
 
 # What XLA's GPU compiler needs to know of a Hopper GPU (sm_90: CUDA programming guide's compute
@@ -71,6 +75,11 @@ platform_name: "CUDA"
 dnn_version_info {{ major: 9 minor: 8 }}
 device_description_str: "NVIDIA {name}"
 """
+
+
+def chip_of(device_kind: str) -> Chip | None:
+  """The chip whose `device_kind` a running device's reports ("NVIDIA H200", "TPU v5 lite"), or None."""
+  return next((chip for chip in CHIPS.values() if chip.device_kind and chip.device_kind in device_kind), None)
 
 
 @dataclasses.dataclass(frozen=True)

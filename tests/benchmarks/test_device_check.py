@@ -25,7 +25,7 @@ def test_small_check_writes_every_part(tmp_path):
   parts = report["parts"]
   assert report["small"] is True and report["wall_s"] > 0
   assert list(parts) == ["environment", "kernels", "learner_8k", "torch_8k", "moe_8k", "learner_32k", "torch_32k",
-                         "engine_decode", "profile_8k", "variants_8k"]
+                         "engine_decode", "profile_8k", "variants_8k", "cublas_8k"]
   assert {name: p["status"] for name, p in parts.items()} == {name: "ok" for name in parts}, parts
   results = {name: p["result"] for name, p in parts.items()}
   # Each part's own file holds what the report holds.
@@ -62,6 +62,8 @@ def test_small_check_writes_every_part(tmp_path):
   assert set(results["variants_8k"]) == {"blocked", "dense", "no_remat"}
   losses = [results["variants_8k"][v]["loss"] for v in ("blocked", "dense", "no_remat")]
   assert max(losses) - min(losses) < 1e-2 * max(abs(x) for x in losses)  # the same step, computed otherwise
+  # A flag for the GPU compiler: the CPU's ignores it, and the step is learner_8k's.
+  assert results["cublas_8k"]["xla_flags"] and results["cublas_8k"]["tree"]["tokens"] == tree["tokens"]
 
 
 def test_parts_past_the_deadline_are_recorded_as_skipped(tmp_path):
@@ -71,7 +73,7 @@ def test_parts_past_the_deadline_are_recorded_as_skipped(tmp_path):
                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
   assert proc.returncode == 0, proc.stderr[-3000:]
   parts = json.loads((tmp_path / "device_check.json").read_text())["parts"]
-  assert {p["status"] for p in parts.values()} == {"skipped"} and len(parts) == 10
+  assert {p["status"] for p in parts.values()} == {"skipped"} and len(parts) == 11
   assert parts["learner_8k"]["reason"] == "out of time"
 
 
