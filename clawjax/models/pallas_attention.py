@@ -31,7 +31,14 @@ from clawjax.models.pallas_tpu_attention import tpu_attention
 # lowering the attention got (clawjax/aot/lowering.py).
 SCOPE = "tree_attention"
 
-__all__ = ["block_table", "compact", "pad_to_block", "pallas_attention", "pallas_attention_flops"]
+__all__ = ["GPU_BLOCK", "block_table", "compact", "kernel_block", "pad_to_block", "pallas_attention",
+           "pallas_attention_flops"]
+
+
+def kernel_block(block: int, platform: str, gpu_block: int = GPU_BLOCK) -> int:
+  """The block the kernel tiles at when lowered for `platform` (as `lax.platform_dependent` names it:
+  "tpu", "cuda", "cpu", ...)."""
+  return tile(block, gpu_block) if platform == "cuda" else block
 
 
 def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int = 512,
@@ -43,5 +50,5 @@ def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, 
     return jax.lax.platform_dependent(
         q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT,
         tpu=functools.partial(tpu, interpret=False),
-        cuda=functools.partial(gpu_attention, block=tile(block, gpu_block)),
+        cuda=functools.partial(gpu_attention, block=kernel_block(block, "cuda", gpu_block)),
         default=functools.partial(tpu, interpret=True))

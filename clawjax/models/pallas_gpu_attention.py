@@ -123,17 +123,21 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg_ref, end_re
   k_KH, v_KH = k_ref[...], v_ref[...]
 
   def visit(step, carry):
-    dk_KH, dv_KH = carry
     qi = list_ref[step]
     mask_QK = _tile(seg_ref, end_ref, qi, kj, block)
     queries = pl.ds(pl.multiple_of(qi * block, block), block)
-    for g in range(q_ref.shape[1]):  # the group's query heads share the tile's mask
+
+    # The group's query heads share the tile's mask. A loop, not unrolled: each head's q and dO tiles
+    # take shared memory, and a group of 4 at head_dim 128 unrolled would ask for more than an H200 has.
+    def head(g, carry):
+      dk_KH, dv_KH = carry
       q_QH, do_QH = q_ref[queries, g, :], do_ref[queries, g, :]
       p_QK, ds_QK = _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_ref[g, queries], delta_ref[g, queries],
                                        mask_QK, scale)
-      dv_KH += _dot(p_QK.astype(do_QH.dtype), do_QH, _TN)
-      dk_KH += _dot(ds_QK.astype(q_QH.dtype), q_QH, _TN)
-    return dk_KH, dv_KH
+      return (dk_KH + _dot(ds_QK.astype(q_QH.dtype), q_QH, _TN),
+              dv_KH + _dot(p_QK.astype(do_QH.dtype), do_QH, _TN))
+
+    return jax.lax.fori_loop(0, q_ref.shape[1], head, carry)
 
   zeros = jnp.zeros(k_KH.shape, jnp.float32)
   dk_KH, dv_KH = jax.lax.fori_loop(0, count_ref[kj], visit, (zeros, zeros))
