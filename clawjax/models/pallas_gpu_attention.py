@@ -59,7 +59,7 @@ def _block(ref, index, block: int):
   return ref[pl.ds(pl.multiple_of(index * block, block), block)]
 
 
-def _tile(seg_ref, end_ref, qi, kj, block: int) -> jax.Array:
+def _mask(seg_ref, end_ref, qi, kj, block: int) -> jax.Array:
   """[Q, K] bool: the mask rule on the tile of query block qi and key block kj of the program's row."""
   offsets = jnp.arange(block, dtype=jnp.int32)
   return tile_mask(_block(seg_ref, qi, block)[:, None], (qi * block + offsets)[:, None],
@@ -82,7 +82,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, seg_ref, end_ref, list_ref, count_ref, 
   def visit(step, carry):
     m_Q, l_Q, acc_QH = carry
     kj = list_ref[step]
-    mask_QK = _tile(seg_ref, end_ref, qi, kj, block)
+    mask_QK = _mask(seg_ref, end_ref, qi, kj, block)
     v_KH = _block(v_ref, kj, block)
     s_QK = jnp.where(mask_QK, _dot(q_QH, _block(k_ref, kj, block), _NT) * (scale * _LOG2E), _NEG)
     m_new_Q = jnp.maximum(m_Q, jnp.max(s_QK, axis=1))
@@ -110,7 +110,7 @@ def _dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg_ref, end_ref
     kj = list_ref[step]
     k_KH = _block(k_ref, kj, block)
     _, ds_QK = _probs_and_dscores(q_QH, k_KH, _block(v_ref, kj, block), do_QH, lse_Q, delta_Q,
-                                  _tile(seg_ref, end_ref, qi, kj, block), scale)
+                                  _mask(seg_ref, end_ref, qi, kj, block), scale)
     return dq_QH + _dot(ds_QK.astype(k_KH.dtype), k_KH)
 
   dq_QH = jax.lax.fori_loop(0, count_ref[qi], visit, jnp.zeros(q_QH.shape, jnp.float32))
@@ -124,7 +124,7 @@ def _dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, seg_ref, end_re
 
   def visit(step, carry):
     qi = list_ref[step]
-    mask_QK = _tile(seg_ref, end_ref, qi, kj, block)
+    mask_QK = _mask(seg_ref, end_ref, qi, kj, block)
     queries = pl.ds(pl.multiple_of(qi * block, block), block)
 
     # The group's query heads share the tile's mask. A loop, not unrolled: each head's q and dO tiles
