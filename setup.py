@@ -40,7 +40,8 @@ setuptools.setup(
         # Pallas attention kernel) compile for TPU slices from a CPU host (JAX_PLATFORMS=cpu keeps CPU runs
         # off the TPU probe).
         "tpu": ["jax[tpu]>=0.10,<0.13"],
-        # XLA's CUDA compiler without CUDA libraries: experiments/compile.py's GPU targets (h100, h200).
+        # XLA's CUDA compiler without CUDA libraries: experiments/compile.py's GPU targets (h100, h200), and
+        # the tests that compile the GPU attention kernel for them (scripts/env.sh installs it).
         "gpu-aot": ["jax-cuda12-plugin>=0.10,<0.13", "jax-cuda12-pjrt>=0.10,<0.13"],
         "test": [
             "pytest>=8,<10",

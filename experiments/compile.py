@@ -1,12 +1,14 @@
 r"""Compile a train or SFT config's learner step for an accelerator slice on this (CPU) host, and say
 whether it fits and how fast it would run: nothing is allocated, no weights are read, no accelerator is
-needed (TPU slices need `pip install 'clawjax[tpu]'`).
+needed (TPU slices need `pip install 'clawjax[tpu]'`, GPU nodes `pip install 'clawjax[gpu-aot]'`).
 
   python experiments/compile.py --config=configs/paper/mix_harness_30a3b.py [--topology=v5p:4x4x4] [--json]
 
 --topology defaults to the config's `compile.topology`. Prints the figures (with --json, one JSON
-object); a config that does not fit its slice ends with one `error: ...` line naming the bytes needed and
-the chip's HBM, and status 1. `--config.a.b=v` overrides apply as in training.
+object), among them `attention_lowering`: what the compiled step runs its attention as ("mosaic_tpu",
+"triton", "mosaic_gpu", "interpret" or "xla"), read from the compiled programs; a config that does not
+fit its slice ends with one `error: ...` line naming the bytes needed and the chip's HBM, and status 1.
+`--config.a.b=v` overrides apply as in training.
 """
 
 import json

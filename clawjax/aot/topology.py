@@ -12,6 +12,7 @@ GPU, XLA gives no cost analysis and warns rather than refuses a program over mem
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -130,3 +131,11 @@ def devices(topology: Topology) -> list[jax.Device]:
   if len(found) != topology.device_count:
     raise ConfigError(f"topology {topology.name!r}: the compiler gives {len(found)} devices, not {topology.device_count}")
   return found
+
+
+def lowering_for(device: jax.Device) -> contextlib.AbstractContextManager:
+  """The context in which to lower a program for compile-only devices: one of them (`device`) as JAX's
+  default device. A Pallas Triton kernel is lowered for the GPU JAX names as the target: JAX >= 0.11 asks the
+  default device (or an abstract mesh's) and refuses this host's CPU; JAX 0.10 assumed a Hopper GPU when
+  none was attached. Harmless for TPU slices."""
+  return jax.default_device(device)

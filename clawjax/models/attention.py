@@ -10,10 +10,10 @@ Kernels live in `KERNELS` (name -> function, chosen by `ModelConfig.attention_im
              query of the block can see (after the queries, subtrees ended before them, other segments)
              are skipped with `lax.cond`.
   "pallas":  the same online softmax as a block-sparse Pallas kernel (clawjax/models/pallas_attention.py):
-             a per-row table of visible (query block, key block) pairs, computed on device and
-             scalar-prefetched, so invisible blocks are neither fetched nor computed; forward and
-             backward (custom VJP, recomputed from the saved logsumexp). A Mosaic kernel when lowered
-             for TPU, Pallas interpret mode on other backends (slow: for tests).
+             per-row lists of visible (query block, key block) pairs, computed on device, so invisible
+             blocks are neither loaded nor computed; forward and backward (custom VJP, recomputed from
+             the saved logsumexp). Chosen when lowered: a Mosaic kernel on TPU, a Triton kernel on a
+             CUDA GPU, Pallas interpret mode on other backends (slow: for tests).
 Under the learner's mesh a kernel runs per shard (`shard_map` over the rows' and heads' mesh axes): which
 key blocks to skip is each device's decision about its own rows, with no collective per block, and a
 device holding only padding rows skips them all.
@@ -33,9 +33,10 @@ from flax import nnx
 from flax.core import spmd
 from jax.sharding import PartitionSpec as P
 
+from clawjax.models.block_sparse import pad_to_block
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import RMSNorm, apply_rope, constrain, einsum_f32, param
-from clawjax.models.pallas_attention import pad_to_block, pallas_attention
+from clawjax.models.pallas_attention import pallas_attention
 from clawjax.sharding import logical_to_mesh
 
 _NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN

@@ -40,9 +40,12 @@ class ModelConfig:
     dtype: compute dtype of activations. param_dtype: storage dtype of parameters.
     attention_impl: a kernel registered in clawjax/models/attention.py: "dense" (reference, materialises
       [T, T] scores on device), "blocked" (online softmax over key blocks, memory O(T * attention_block))
-      or "pallas" (the same as a block-sparse Pallas kernel: Mosaic on TPU, interpret mode elsewhere).
+      or "pallas" (the same as a block-sparse Pallas kernel, chosen when the step is lowered: Mosaic on
+      TPU, Triton on a CUDA GPU, interpret mode elsewhere; a config runs unchanged on either).
     attention_block: query/key block length of the blocked and pallas kernels (default 512: large enough to keep
-      matmuls efficient, small enough that 64K-token rows fit; not a published value).
+      matmuls efficient, small enough that 64K-token rows fit; not a published value). On a CUDA GPU the
+      pallas kernel tiles at min(attention_block, 64) rounded down to a power of two (Triton tiles are
+      register-sized; clawjax/models/pallas_gpu_attention.py says why 64).
     remat: recompute each layer's activations in the backward pass (saves memory, costs ~1/3 more FLOPs).
     remat_policy: with remat, the `jax.checkpoint_policies` entry that says which of a layer's
       intermediates are saved rather than recomputed (one of REMAT_POLICIES). Default "nothing_saveable":

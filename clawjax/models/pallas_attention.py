@@ -1,31 +1,20 @@
-"""Tree attention as a block-sparse Pallas flash-attention kernel (`KERNELS["pallas"]`).
+"""Tree attention as a block-sparse Pallas flash-attention kernel (`KERNELS["pallas"]`): the one place that
+chooses the kernel per platform.
 
 Same contract and mask rule as `attention.dense_attention`: q [B, T, N, H], k/v [B, T, K, H] (GQA),
 segment ids and subtree ends [B, T]; key j is visible to query i iff segment[i] == segment[j] != 0 and
-j <= i < subtree_end[j]. Rows with no visible key give 0.
+j <= i < subtree_end[j]. Rows with no visible key give 0. Both kernels read the layout of
+block_sparse.py (per-row lists of visible key blocks, computed on device): an invisible block is neither
+loaded nor computed, forward or backward (dQ and dK/dV recomputed from the saved logsumexp).
 
-Block sparsity: with one block size for queries and keys, the keys of key block kj reach query block qi
-iff kj <= qi and some real key of kj has subtree_end > qi * block (a key's subtree never leaves its tree,
-so the segment test adds nothing at block granularity). That table is computed on device per row and
-compacted into, for every (row, query block), the list of visible key blocks and its length; both are
-scalar-prefetched, so the grid's key axis walks the list: index maps fetch only visible blocks, and a
-step past the list's end repeats the last block index (no new DMA) and skips its body. The backward
-pass walks the transposed table (visible query blocks per key block) for dK/dV and the same lists as the
-forward pass for dQ, recomputing the probabilities from the saved logsumexp: nothing of size [T, T].
-
-GQA: a grid step holds the G query heads of one KV head, so a key/value block is fetched once for the
-group; dK/dV sum the group's heads in the kernel.
-
-Numerics: inputs in their dtype (bf16 on TPU), matmuls accumulate in f32, softmax statistics and
-accumulators are f32 scratch.
-
-Platforms: lowered for TPU it is a Mosaic kernel; on any other backend the same kernel runs in Pallas
-interpret mode (`lax.platform_dependent` picks per lowering platform, so a jit compiled for a TPU
-topology from a CPU host gets the Mosaic kernel). No GPU (Triton/Mosaic GPU) kernel: a GPU runs the
-interpreter, correct but slow; use "blocked" there.
-
-Scalar-prefetch size: each kernel's list takes B * nq^2 int32 of SMEM (nq = padded T / block), per
-device: at a 64K-token row 64 KiB per row at block 512 (the default), 1 MiB at block 256.
+What runs where is chosen when the program is lowered (`lax.platform_dependent`), so a config runs
+unchanged on any backend, and a jit compiled for a TPU slice or a GPU node from a CPU host gets that
+accelerator's kernel:
+  TPU:       the Mosaic kernel (pallas_tpu_attention.py) at `block`.
+  CUDA GPU:  the Triton kernel (pallas_gpu_attention.py) at min(block, gpu_block) rounded down to a power
+             of two (at least 16): Triton tiles are far smaller than a TPU's (the default `block` 512 is
+             64 on a GPU).
+  elsewhere: the Mosaic kernel in Pallas interpret mode (correct, slow: for tests on a CPU).
 """
 
 from __future__ import annotations
@@ -33,314 +22,33 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
-_NEG = -1e30  # finite "minus infinity", as in attention.py: fully masked rows stay free of NaN
-_NT = (((1,), (1,)), ((), ()))  # a @ b.T
-_TN = (((0,), (0,)), ((), ()))  # a.T @ b
+from clawjax.models.block_sparse import block_table, compact, pad_to_block, pallas_attention_flops
+from clawjax.models.pallas_gpu_attention import GPU_BLOCK, gpu_attention, tile
+from clawjax.models.pallas_tpu_attention import tpu_attention
 
+# The name scope of every op of the kernel (and of its layout): how a compiled program's HLO tells which
+# lowering the attention got (clawjax/aot/lowering.py).
+SCOPE = "tree_attention"
 
-def block_table(segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int) -> jax.Array:
-  """[B, nq, nq] bool: can any query of block qi see any key of block kj? T must be a multiple of block.
-  Exact up to the segment test, which a key's subtree (inside its own tree) already implies."""
-  b, t = segment_ids_BT.shape
-  nb = t // block
-  reach_BT = jnp.where(segment_ids_BT > 0, subtree_end_BT, 0)
-  reach_Bk = jnp.max(reach_BT.reshape(b, nb, block), axis=2)  # furthest query any key of the block reaches
-  blocks = jnp.arange(nb)
-  q_1q1, k_11k = blocks[None, :, None], blocks[None, None, :]
-  return (k_11k <= q_1q1) & (reach_Bk[:, None, :] > q_1q1 * block)
+__all__ = ["GPU_BLOCK", "block_table", "compact", "kernel_block", "pad_to_block", "pallas_attention",
+           "pallas_attention_flops"]
 
 
-def compact(table_Bqk: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Per (row, outer block): the visible inner blocks in ascending order, then the last one repeated (so
-  a step past the end fetches nothing new), and their count. ([B, nq, nk] int32, [B, nq] int32)."""
-  nk = table_Bqk.shape[2]
-  count_Bq = jnp.sum(table_Bqk, axis=2, dtype=jnp.int32)
-  # A stable sort of "invisible" flags puts the visible block indices first, in order.
-  order_Bqk = jnp.argsort(~table_Bqk, axis=2, stable=True).astype(jnp.int32)
-  last_Bq1 = jnp.take_along_axis(order_Bqk, jnp.maximum(count_Bq - 1, 0)[..., None], axis=2)
-  steps_11k = jnp.arange(nk)[None, None, :]
-  return jnp.where(steps_11k < count_Bq[..., None], order_Bqk, last_Bq1), count_Bq
-
-
-def pallas_attention_flops(visible_blocks: int | jax.Array, block: int, head_dim: int, n_heads: int,
-                           backward: bool = True) -> float:
-  """Analytical FLOPs of the kernel (cost analysis cannot see inside it). `visible_blocks`: visible
-  (query block, key block) pairs summed over rows (`block_table(...).sum()`); `n_heads`: query heads.
-  Each visible pair and query head costs matmuls of block x block x head_dim (2 * block^2 * head_dim
-  FLOPs each): 2 forward (QK^T, PV); backward 3 in the dQ kernel (QK^T, dO V^T, dS K) and 4 in the dK/dV
-  kernel (QK^T, P^T dO, dO V^T, dS^T Q). `backward`: forward + backward (9 matmuls), else forward (2)."""
-  matmuls = 9 if backward else 2
-  return matmuls * 2.0 * float(visible_blocks) * block * block * head_dim * n_heads
-
-
-def pad_to_block(pad: int, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT) -> tuple[jax.Array, ...]:
-  """The kernel arguments with `pad` positions appended to T (both block kernels tile T): padded
-  positions get segment 0, so they are invisible, and their outputs are sliced off."""
-  if not pad:
-    return q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT
-  widths = ((0, 0), (0, pad), (0, 0), (0, 0))
-  return (*(jnp.pad(x, widths) for x in (q_BTNH, k_BTKH, v_BTKH)),
-          *(jnp.pad(x, ((0, 0), (0, pad))) for x in (segment_ids_BT, subtree_end_BT)))
-
-
-def _column(row_1Q: jax.Array) -> jax.Array:
-  """(1, Q) f32 -> (Q, 1). Per-query values travel as lane-dense rows: a [.., T, 1] array would be padded
-  to 128 lanes in TPU memory (a 64K-token row's logsumexp per head: 32 MiB instead of 256 KiB)."""
-  return jnp.broadcast_to(row_1Q, (128, row_1Q.shape[1])).T[:, :1]
-
-
-def _row(column_Q1: jax.Array) -> jax.Array:
-  """(Q, 1) f32 -> (1, Q), the inverse of `_column`."""
-  return jnp.broadcast_to(column_Q1, (column_Q1.shape[0], 128)).T[:1, :]
-
-
-def _mask(q_seg_1Q, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
-  """[Q, K] bool: the mask rule on one (query block, key block) tile (query segment ids as f32)."""
-  q_seg_Q1 = _column(q_seg_1Q).astype(jnp.int32)
-  q_index_Q1 = q_start + jax.lax.broadcasted_iota(jnp.int32, q_seg_Q1.shape, 0)
-  k_index_1K = k_start + jax.lax.broadcasted_iota(jnp.int32, k_seg_1K.shape, 1)
-  return ((q_seg_Q1 == k_seg_1K) & (q_seg_Q1 != 0) & (k_index_1K <= q_index_Q1) & (q_index_Q1 < k_end_1K))
-
-
-def _walk(list_ref, count_ref, seg_refs, *, block: int, nq: int, outer_is_query: bool, init, visible,
-          finish) -> None:
-  """The grid's last axis walks the outer block's (axis 2) list of visible inner blocks: `init()` at the
-  first step, `visible(mask_QK)` at each step within the list, `finish()` at the last step."""
-  step, outer = pl.program_id(3), pl.program_id(2)
-  row = pl.program_id(0) * nq + outer
-  pl.when(step == 0)(init)
-
-  @pl.when(step < count_ref[row])
-  def _visible_block():
-    inner = list_ref[row * nq + step]
-    qi, kj = (outer, inner) if outer_is_query else (inner, outer)
-    q_seg_ref, k_seg_ref, k_end_ref = seg_refs
-    visible(_mask(q_seg_ref[...], qi * block, k_seg_ref[...], k_end_ref[...], kj * block))
-
-  pl.when(step == pl.num_programs(3) - 1)(finish)
-
-
-def _forward_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, q_seg_ref, k_seg_ref, k_end_ref,
-                    o_ref, lse_ref, m_scr, l_scr, acc_scr, *, block: int, nq: int, scale: float):
-  """Grid (row, KV head, query block, step over its visible key blocks); q/o blocks hold the G query
-  heads of the KV head, so a key/value block is fetched once for the group."""
-
-  def init():
-    m_scr[...] = jnp.full(m_scr.shape, _NEG, jnp.float32)
-    l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
-    acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
-
-  def visible(mask_QK):
-    k_KH, v_KH = k_ref[...], v_ref[...]
-    for g in range(q_ref.shape[0]):
-      s_QK = jax.lax.dot_general(q_ref[g], k_KH, _NT, preferred_element_type=jnp.float32) * scale
-      s_QK = jnp.where(mask_QK, s_QK, _NEG)
-      m_prev_Q1 = m_scr[g]
-      m_new_Q1 = jnp.maximum(m_prev_Q1, jnp.max(s_QK, axis=1, keepdims=True))
-      p_QK = jnp.where(mask_QK, jnp.exp(s_QK - m_new_Q1), 0.0)
-      correction_Q1 = jnp.exp(m_prev_Q1 - m_new_Q1)
-      l_scr[g] = l_scr[g] * correction_Q1 + jnp.sum(p_QK, axis=1, keepdims=True)
-      pv_QH = jnp.dot(p_QK.astype(v_KH.dtype), v_KH, preferred_element_type=jnp.float32)
-      acc_scr[g] = acc_scr[g] * correction_Q1 + pv_QH
-      m_scr[g] = m_new_Q1
-
-  def finish():
-    for g in range(q_ref.shape[0]):
-      l_Q1 = l_scr[g]
-      seen_Q1 = l_Q1 > 0
-      o_ref[g] = (acc_scr[g] / jnp.where(seen_Q1, l_Q1, 1.0)).astype(o_ref.dtype)
-      # Rows that saw nothing: any finite value; the backward pass masks them out anyway.
-      lse_ref[g] = _row(jnp.where(seen_Q1, m_scr[g] + jnp.log(jnp.where(seen_Q1, l_Q1, 1.0)), 0.0))
-
-  _walk(kv_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=True,
-        init=init, visible=visible, finish=finish)
-
-
-def _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_1Q, delta_1Q, mask_QK, scale: float):
-  """Recomputed probabilities P and the scores' gradient dS = P * (dO V^T - delta) of one tile (f32)."""
-  s_QK = jax.lax.dot_general(q_QH, k_KH, _NT, preferred_element_type=jnp.float32) * scale
-  p_QK = jnp.where(mask_QK, jnp.exp(s_QK - _column(lse_1Q)), 0.0)
-  dp_QK = jax.lax.dot_general(do_QH, v_KH, _NT, preferred_element_type=jnp.float32)
-  return p_QK, p_QK * (dp_QK - _column(delta_1Q))
-
-
-def _dq_kernel(kv_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
-               k_seg_ref, k_end_ref, dq_ref, dq_scr, *, block: int, nq: int, scale: float):
-  """The forward pass's grid and lists; dQ of the group's G query heads."""
-
-  def init():
-    dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
-
-  def visible(mask_QK):
-    k_KH, v_KH = k_ref[...], v_ref[...]
-    for g in range(q_ref.shape[0]):
-      _, ds_QK = _probs_and_dscores(q_ref[g], k_KH, v_KH, do_ref[g], lse_ref[g], delta_ref[g], mask_QK, scale)
-      dq_scr[g] += jnp.dot(ds_QK.astype(k_KH.dtype), k_KH, preferred_element_type=jnp.float32)
-
-  def finish():
-    dq_ref[...] = (dq_scr[...] * scale).astype(dq_ref.dtype)
-
-  _walk(kv_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=True,
-        init=init, visible=visible, finish=finish)
-
-
-def _dkv_kernel(q_list_ref, count_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, q_seg_ref,
-                k_seg_ref, k_end_ref, dk_ref, dv_ref, dk_scr, dv_scr, *, block: int, nq: int, scale: float):
-  """Grid (row, KV head, key block, step over the query blocks that see it); the group's G query heads
-  accumulate into the KV head's dK and dV."""
-
-  def init():
-    dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
-    dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
-
-  def visible(mask_QK):
-    k_KH, v_KH = k_ref[...], v_ref[...]
-    for g in range(q_ref.shape[0]):
-      q_QH, do_QH = q_ref[g], do_ref[g]
-      p_QK, ds_QK = _probs_and_dscores(q_QH, k_KH, v_KH, do_QH, lse_ref[g], delta_ref[g], mask_QK, scale)
-      dv_scr[...] += jax.lax.dot_general(p_QK.astype(do_QH.dtype), do_QH, _TN, preferred_element_type=jnp.float32)
-      dk_scr[...] += jax.lax.dot_general(ds_QK.astype(q_QH.dtype), q_QH, _TN, preferred_element_type=jnp.float32)
-
-  def finish():
-    dk_ref[...] = (dk_scr[...] * scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
-
-  _walk(q_list_ref, count_ref, (q_seg_ref, k_seg_ref, k_end_ref), block=block, nq=nq, outer_is_query=False,
-        init=init, visible=visible, finish=finish)
-
-
-class _Layout:
-  """Kernel-side arrays of one call besides q/k/v: segment ids and subtree ends as rows [B, 1, T] (the
-  queries' segment ids as f32, turned into a column in the kernel), and the compacted lists."""
-
-  def __init__(self, segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int):
-    self.block = block
-    self.nq = segment_ids_BT.shape[1] // block
-    table_Bqk = block_table(segment_ids_BT, subtree_end_BT, block)
-    kv_list_Bqk, kv_count_Bq = compact(table_Bqk)
-    q_list_Bkq, q_count_Bk = compact(table_Bqk.swapaxes(1, 2))
-    # Flat 1-D prefetch arrays: SMEM pads the minor dimension of 2-D arrays.
-    self.kv_list, self.kv_count = kv_list_Bqk.reshape(-1), kv_count_Bq.reshape(-1)
-    self.q_list, self.q_count = q_list_Bkq.reshape(-1), q_count_Bk.reshape(-1)
-    self.q_seg_B1T = segment_ids_BT[:, None, :].astype(jnp.float32)  # exact below 2^24 segments
-    self.k_seg_B1T = segment_ids_BT[:, None, :]
-    self.k_end_B1T = subtree_end_BT[:, None, :]
-
-
-def _seg_specs(block: int, q_block, k_block) -> list[pl.BlockSpec]:
-  """Block specs of the (q segment, k segment, k subtree end) rows; q_block / k_block map the grid indices
-  (and prefetch refs) to the query / key block index."""
-  return [pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, q_block(*a))),
-          pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, k_block(*a))),
-          pl.BlockSpec((None, 1, block), lambda *a: (a[0], 0, k_block(*a)))]
-
-
-def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, semantics, interpret: bool):
-  return pl.pallas_call(
-      kernel, out_shape=out_shape, interpret=interpret,
-      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=in_specs,
-                                             out_specs=out_specs, scratch_shapes=scratch),
-      compiler_params=pltpu.CompilerParams(dimension_semantics=semantics))
-
-
-def _forward(lay: _Layout, q_BKGTH, k_BKTH, v_BKTH, interpret: bool):
-  b, kv, groups, t, h = q_BKGTH.shape
-  blk, nq = lay.block, lay.nq
-  kv_block = lambda bi, ki, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_spec = pl.BlockSpec((None, None, groups, blk, h), lambda bi, ki, qi, s, *_: (bi, ki, 0, qi, 0))
-  kv_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (a[0], a[1], kv_block(*a), 0))
-  stat_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda bi, ki, qi, s, *_: (bi, ki, 0, 0, qi))
-  kernel = functools.partial(_forward_kernel, block=blk, nq=nq, scale=h ** -0.5)
-  return _call(
-      kernel, (b, kv, nq, nq), [q_spec, kv_spec, kv_spec] + _seg_specs(blk, lambda bi, ki, qi, *_: qi, kv_block),
-      [q_spec, stat_spec],
-      [jax.ShapeDtypeStruct(q_BKGTH.shape, q_BKGTH.dtype), jax.ShapeDtypeStruct((b, kv, groups, 1, t), jnp.float32)],
-      [pltpu.VMEM((groups, blk, 1), jnp.float32), pltpu.VMEM((groups, blk, 1), jnp.float32),
-       pltpu.VMEM((groups, blk, h), jnp.float32)],
-      ("parallel", "parallel", "parallel", "arbitrary"), interpret,
-  )(lay.kv_list, lay.kv_count, q_BKGTH, k_BKTH, v_BKTH, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
-
-
-def _backward(lay: _Layout, q_BKGTH, k_BKTH, v_BKTH, o_BKGTH, lse_BKG1T, do_BKGTH, interpret: bool):
-  b, kv, groups, t, h = q_BKGTH.shape
-  blk, nq = lay.block, lay.nq
-  kernel_args = dict(block=blk, nq=nq, scale=h ** -0.5)
-  # delta_i = sum_h dO_ih O_ih = sum_j P_ij dP_ij: the softmax's backward correction per query.
-  delta_BKG1T = jnp.sum(do_BKGTH.astype(jnp.float32) * o_BKGTH.astype(jnp.float32), axis=-1)[..., None, :]
-  operands = (q_BKGTH, k_BKTH, v_BKTH, do_BKGTH, lse_BKG1T, delta_BKG1T, lay.q_seg_B1T, lay.k_seg_B1T, lay.k_end_B1T)
-  semantics = ("parallel", "parallel", "parallel", "arbitrary")
-
-  # dQ: the forward pass's grid, over each query block's visible key blocks.
-  kv_block = lambda bi, ki, qi, s, kv_list, count: kv_list[(bi * nq + qi) * nq + s]
-  q_spec = pl.BlockSpec((None, None, groups, blk, h), lambda bi, ki, qi, s, *_: (bi, ki, 0, qi, 0))
-  kv_spec = pl.BlockSpec((None, None, blk, h), lambda *a: (a[0], a[1], kv_block(*a), 0))
-  stat_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda bi, ki, qi, s, *_: (bi, ki, 0, 0, qi))
-  dq_BKGTH = _call(
-      functools.partial(_dq_kernel, **kernel_args), (b, kv, nq, nq),
-      [q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec]
-      + _seg_specs(blk, lambda bi, ki, qi, *_: qi, kv_block),
-      q_spec, jax.ShapeDtypeStruct(q_BKGTH.shape, q_BKGTH.dtype), [pltpu.VMEM((groups, blk, h), jnp.float32)],
-      semantics, interpret,
-  )(lay.kv_list, lay.kv_count, *operands)
-
-  # dK, dV: over each key block's visible query blocks (the transposed table).
-  q_block = lambda bi, ki, kj, s, q_list, count: q_list[(bi * nq + kj) * nq + s]
-  qt_spec = pl.BlockSpec((None, None, groups, blk, h), lambda *a: (a[0], a[1], 0, q_block(*a), 0))
-  k_spec = pl.BlockSpec((None, None, blk, h), lambda bi, ki, kj, s, *_: (bi, ki, kj, 0))
-  stat_t_spec = pl.BlockSpec((None, None, groups, 1, blk), lambda *a: (a[0], a[1], 0, 0, q_block(*a)))
-  dk_BKTH, dv_BKTH = _call(
-      functools.partial(_dkv_kernel, **kernel_args), (b, kv, nq, nq),
-      [qt_spec, k_spec, k_spec, qt_spec, stat_t_spec, stat_t_spec]
-      + _seg_specs(blk, q_block, lambda bi, ki, kj, *_: kj),
-      [k_spec, k_spec],
-      [jax.ShapeDtypeStruct(k_BKTH.shape, k_BKTH.dtype), jax.ShapeDtypeStruct(v_BKTH.shape, v_BKTH.dtype)],
-      [pltpu.VMEM((blk, h), jnp.float32), pltpu.VMEM((blk, h), jnp.float32)],
-      semantics, interpret,
-  )(lay.q_list, lay.q_count, *operands)
-  return dq_BKGTH, dk_BKTH, dv_BKTH
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attend(q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block: int, interpret: bool):
-  return _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BKGTH, k_BKTH, v_BKTH, interpret)[0]
-
-
-def _attend_fwd(q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, block, interpret):
-  o_BKGTH, lse_BKG1T = _forward(_Layout(segment_ids_BT, subtree_end_BT, block), q_BKGTH, k_BKTH, v_BKTH, interpret)
-  return o_BKGTH, (q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BKGTH, lse_BKG1T)
-
-
-def _attend_bwd(block, interpret, residuals, do_BKGTH):
-  q_BKGTH, k_BKTH, v_BKTH, segment_ids_BT, subtree_end_BT, o_BKGTH, lse_BKG1T = residuals
-  lay = _Layout(segment_ids_BT, subtree_end_BT, block)
-  dq, dk, dv = _backward(lay, q_BKGTH, k_BKTH, v_BKTH, o_BKGTH, lse_BKG1T, do_BKGTH, interpret)
-  return dq, dk, dv, None, None
-
-
-_attend.defvjp(_attend_fwd, _attend_bwd)
+def kernel_block(block: int, platform: str, gpu_block: int = GPU_BLOCK) -> int:
+  """The block the kernel tiles at when lowered for `platform` (as `lax.platform_dependent` names it:
+  "tpu", "cuda", "cpu", ...)."""
+  return tile(block, gpu_block) if platform == "cuda" else block
 
 
 def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int = 512,
-                     interpret: bool | None = None) -> jax.Array:
+                     gpu_block: int = GPU_BLOCK) -> jax.Array:
   """The kernel contract of `attention.dense_attention`. `block`: query and key block (a multiple of 128
-  on TPU; small blocks are fine in interpret mode). `interpret`: None runs Mosaic when lowered for TPU
-  and the interpreter elsewhere; True / False force one."""
-  b, t, n, h = q_BTNH.shape
-  kv = k_BTKH.shape[2]
-  pad = -t % block
-  q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT = pad_to_block(
-      pad, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT)
-  # Kernel layout: heads-major, a KV head's query heads together ([B, K, G, T, H]).
-  q_BKGTH = q_BTNH.reshape(b, t + pad, kv, n // kv, h).transpose(0, 2, 3, 1, 4)
-  args = (q_BKGTH, k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 1, 3),
-          segment_ids_BT.astype(jnp.int32), subtree_end_BT.astype(jnp.int32))
-  if interpret is None:
-    o_BKGTH = jax.lax.platform_dependent(*args, tpu=lambda *a: _attend(*a, block, False),
-                                         default=lambda *a: _attend(*a, block, True))
-  else:
-    o_BKGTH = _attend(*args, block, interpret)
-  return o_BKGTH.transpose(0, 3, 1, 2, 4).reshape(b, t + pad, n, h)[:, :t]
+  on TPU); `gpu_block`: the most a GPU tile may be (a power of two >= 16)."""
+  tpu = functools.partial(tpu_attention, block=block)
+  with jax.named_scope(SCOPE):
+    return jax.lax.platform_dependent(
+        q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT,
+        tpu=functools.partial(tpu, interpret=False),
+        cuda=functools.partial(gpu_attention, block=kernel_block(block, "cuda", gpu_block)),
+        default=functools.partial(tpu, interpret=True))

@@ -156,6 +156,26 @@ def test_benchmark_reports_consistent_figures(monkeypatch):
     assert 0 < skips["attended_over_computed"] <= 1
   if has_libtpu:
     compiled = out["compiled"]
-    assert compiled["pallas"]["tpu_custom_calls"] == 3 and compiled["blocked"]["tpu_custom_calls"] == 0
+    assert compiled["pallas"]["kernel_calls"] == 3 and compiled["blocked"]["kernel_calls"] == 0
+    assert (compiled["pallas"]["attention_lowering"], compiled["blocked"]["attention_lowering"]) == ("mosaic_tpu", "xla")
     assert compiled["blocked"]["needed_blocks"] >= compiled["visible_blocks"] > 0
     assert 0 < compiled["pallas"]["kernel_flops"] < compiled["blocked"]["analytic_flops"]
+
+
+def test_benchmark_times_each_kernel_on_the_default_device(monkeypatch):
+  """benchmarks/tree_attention_kernels.py's `time_kernels` (what a GPU device check runs) at toy size on
+  this CPU: every kernel timed, with the lowering it got (here the Pallas interpreter) and its error
+  against dense."""
+  monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+  import tree_attention_kernels
+  seg, end = tree_rows(8, 100)
+  out = tree_attention_kernels.time_kernels(np.asarray(seg), np.asarray(end), heads=2, kv_heads=1, head_dim=16,
+                                            block=32, repeats=2)
+  assert out["platform"] == "cpu" and out["T"] == 100
+  assert {impl: out[impl]["attention_lowering"] for impl in ("pallas", "blocked", "dense")} == {
+      "pallas": "interpret", "blocked": "xla", "dense": "xla"}
+  assert all(out[impl]["step_s"] > 0 and len(out[impl]["steps_s"]) == 2 for impl in ("pallas", "blocked", "dense"))
+  for impl in ("pallas", "blocked"):  # bf16 inputs; each kernel against dense on this device
+    assert out[impl]["rel_err_vs"] == "dense" and max(out[impl]["rel_err"].values()) < 2e-2
+  assert out["pallas"]["kernel_block"] == 32 and out["pallas"]["visible_blocks"] > 0
+  assert out["pallas"]["kernel_flops"] == pallas_attention.pallas_attention_flops(out["pallas"]["visible_blocks"], 32, 16, 2)
