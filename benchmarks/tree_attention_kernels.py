@@ -195,7 +195,7 @@ def time_kernels(seg_RT: np.ndarray, end_RT: np.ndarray, *, heads: int, kv_heads
                  "steps_s": [round(x, 6) for x in times],
                  "attention_lowering": lowering.attention_lowering([compiled.as_text()])}
   reference = next((impl for impl in ("dense", "blocked") if impl in results), None)
-  for impl in results.keys() - {reference}:
+  for impl in results.keys() - {reference} if reference else ():  # nothing to compare against
     errors = [jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) / jnp.max(jnp.abs(b.astype(jnp.float32)))
               for a, b in zip(results[impl], results[reference])]
     out[impl]["rel_err_vs"] = reference

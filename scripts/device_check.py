@@ -10,8 +10,9 @@ results, and the side-by-side ratios of `summary` as far as the parts so far giv
 
   environment   the devices, nvidia-smi, package versions (clawjax.environment).
   kernels       the tree-attention kernel that `attention_impl="pallas"` lowers to here, forward and
-                gradients against dense attention in float32, and the MoE grouped matmuls against
-                `lax.ragged_dot`: max relative errors on small shapes.
+                gradients against dense attention in float32 (max relative errors on small shapes), then
+                one layer's attention on the 8K tree row timed against "blocked"
+                (benchmarks/tree_attention_kernels.py), at the GPU kernel's default tile and at 128.
   learner_8k    the learner's step (Qwen3-8B layer shapes x 4 layers, random init, bf16 compute over f32
                 parameters, remat, Pallas attention) on one GRPO group of two agent rollouts: the tree
                 layout in one 8K row, and its paths layout; seconds, tokens/s, MFU, peak memory.
@@ -49,7 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # name -> seconds it may take on an H200 (the whole check has 6 minutes; a part gets its own or what is
 # left, whichever is less; the first compile of each process is in it).
-BUDGET_S = {"environment": 25, "kernels": 45, "learner_8k": 70, "torch_8k": 40, "moe_8k": 60, "learner_32k": 60,
+BUDGET_S = {"environment": 25, "kernels": 60, "learner_8k": 70, "torch_8k": 40, "moe_8k": 60, "learner_32k": 60,
             "torch_32k": 40, "engine_decode": 50, "profile_8k": 40, "variants_8k": 90, "cublas_8k": 40}
 PARTS = tuple(BUDGET_S)
 # XLA flags of a part's own process (read once, when JAX starts): the 8K tree step with every GEMM on
@@ -233,8 +234,18 @@ def part_torch_32k(rec: Recorder, small: bool) -> None:
 
 def part_kernels(rec: Recorder, small: bool) -> None:
   from kernel_check import attention_errors  # pylint: disable=import-outside-toplevel
+  from tree_attention_kernels import time_kernels  # pylint: disable=import-outside-toplevel
   # On the CPU the kernels run in the Pallas interpreter: small shapes.
   rec.put(attention=attention_errors(**({"row_len": 512, "block": 64, "n_heads": 4, "head_dim": 64} if small else {})))
+  sizes = _sizes(small)
+  tree, _ = _group(sizes["rows"][0], sizes["calls"], seed=sizes["rows"][0])
+  shape = ({"heads": 4, "kv_heads": 2, "head_dim": 64} if small else {"heads": 32, "kv_heads": 8, "head_dim": 128})
+  # One layer's attention on learner_8k's tree row, forward and backward: the GPU kernel at its default
+  # tile and at 128, against blocked.
+  for gpu_block, impls in ((64, ("pallas", "blocked")), (128, ("pallas",))):
+    rec.put(**{f"attention_8k_tile{gpu_block}": time_kernels(tree.segment_ids_RT, tree.subtree_end_RT, **shape,
+                                                             block=sizes["block"], impls=impls, repeats=sizes["repeats"],
+                                                             gpu_block=gpu_block)})
 
 
 def part_engine_decode(rec: Recorder, small: bool) -> None:

@@ -36,6 +36,8 @@ def test_small_check_writes_every_part(tmp_path):
   # The kernel checked against dense float32 attention: float32 close, bf16 within its rounding.
   attention = results["kernels"]["attention"]
   assert max(attention["float32"].values()) < 1e-4 and max(attention["bfloat16"].values()) < 5e-2, attention
+  timed = results["kernels"]["attention_8k_tile64"]
+  assert timed["pallas"]["attention_lowering"] == "interpret" and timed["pallas"]["step_s"] > 0 and timed["blocked"]["step_s"] > 0
 
   for name in ("learner_8k", "learner_32k", "moe_8k"):
     tree = results[name]["tree"]
