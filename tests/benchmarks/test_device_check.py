@@ -25,7 +25,7 @@ def test_small_check_writes_every_part(tmp_path):
   parts = report["parts"]
   assert report["small"] is True and report["wall_s"] > 0
   assert list(parts) == ["environment", "kernels", "learner_8k", "torch_8k", "moe_8k", "learner_32k", "torch_32k",
-                         "engine_decode", "profile_8k", "variants_8k", "cublas_8k"]
+                         "engine_decode", "profile_8k", "cublas_8k", "variants_8k"]
   assert {name: p["status"] for name, p in parts.items()} == {name: "ok" for name in parts}, parts
   results = {name: p["result"] for name, p in parts.items()}
   # Each part's own file holds what the report holds.
