@@ -29,6 +29,7 @@ from clawjax.sft.config import sft_config
 from clawjax.sft.data import DataError
 from clawjax.sft.stage import run_stage
 from clawjax.train.metrics import MetricsWriter
+from clawjax.tree.vocab import VocabularyError
 
 _FLAGS = cli.define_flags("configs/sft/*.py", "run directory (checkpoints, metrics, hf export)")
 
@@ -36,7 +37,7 @@ _FLAGS = cli.define_flags("configs/sft/*.py", "run directory (checkpoints, metri
 def main(args: cli.Args) -> None:
   absl_logging.set_verbosity(absl_logging.WARNING)  # clawjax's progress at INFO; libraries only warn
   logging.getLogger("clawjax").setLevel(logging.INFO)
-  with cli.exit_on_errors(DataError):
+  with cli.exit_on_errors(DataError, VocabularyError):
     cfg, workdir = _FLAGS.resolve(args, sft_config)
     distributed.initialize(cfg.distributed)  # before anything touches JAX
     metrics = MetricsWriter(workdir, cfg.tensorboard, enabled=distributed.is_primary())

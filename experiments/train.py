@@ -18,6 +18,7 @@ from absl import logging as absl_logging
 
 from clawjax import cli
 from clawjax.train.config import train_config
+from clawjax.tree.vocab import VocabularyError
 from clawjax.train.trainer import train
 
 _FLAGS = cli.define_flags("configs/*.py", "run directory (checkpoints, logs, metrics)")
@@ -27,7 +28,7 @@ def main(args: cli.Args) -> None:
   # clawjax's progress at INFO; libraries (Orbax, aiohttp, JAX) only warn.
   absl_logging.set_verbosity(absl_logging.WARNING)
   logging.getLogger("clawjax").setLevel(logging.INFO)
-  with cli.exit_on_errors():
+  with cli.exit_on_errors(VocabularyError):
     cfg, workdir = _FLAGS.resolve(args, train_config)
     summary = train(cfg, workdir)
   print(json.dumps(summary), flush=True)

@@ -7,7 +7,8 @@ WORKDIR layout: config.json (resumes must match it, config.py), environment.json
 trees: a resume on other data is refused, since the update plan follows from it), checkpoints/ (Orbax:
 params, optimizer state, RNG; the cursor holds the update), metrics.jsonl + tb/ (loop.py), hf/ (the
 export; `export_dir` elsewhere) and summary.json. Rerunning the same command resumes after the last
-checkpoint and replays the same batches: the result equals an uninterrupted run's.
+checkpoint and replays the same batches: the result equals an uninterrupted run's. Data holding a token
+id outside the model's vocabulary is refused before any update, naming its record (clawjax.tree.vocab).
 
 Several processes (cfg.distributed: one per host, the same command on each, after
 `clawjax.distributed.initialize`) run one stage together: each reads the data and makes the same plan,
@@ -43,6 +44,7 @@ from clawjax.sft.dataset import load_trees, split_heldout
 from clawjax.sft.export import export_model
 from clawjax.sft.loop import PHASE, Metrics, fit, heldout_batches, heldout_nll, lr_schedule, make_plan
 from clawjax.tree.build import CallTree
+from clawjax.tree.vocab import refuse_trees
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,7 @@ def run_stage(cfg: SFTRunConfig, workdir: str | pathlib.Path, metrics: RunMetric
   mesh = sharding.make_mesh(cfg.mesh, jax.devices() if -1 in sizes else jax.devices()[:math.prod(sizes)])
   model = cfg.model
   policy = load_model(model.init, seed=cfg.seed, mesh=mesh, random_init=model.random_init, **model.overrides).model
+  refuse_trees(trees + held, policy.cfg.vocab_size)
   schedule = lr_schedule(cfg.learner.lr, len(plan), cfg.warmup_ratio, cfg.min_lr_ratio)
   learner = Learner(cfg.learner, policy, mesh=mesh, policy_schedule=schedule)
   start = 0

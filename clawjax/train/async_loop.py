@@ -2,14 +2,19 @@
 
 Staleness is bounded at admission, as in AReaL: with the learner at policy version v (v steps trained),
 groups are launched, in data order, only while the groups taken + in flight <= (max_staleness + v + 1)
-x G, G groups a step; so every group is launched at most max_staleness versions before the step its
-index belongs to. A step takes G completed groups, the oldest first (clawjax.train.groups.GroupRunner):
-a straggler moves to a later step instead of holding this one, but only until it is due, that is
-launched max_staleness versions ago; then the step waits for it. A group is trained unless a call of it
-is truly more than max_staleness versions behind the learner (its oldest call; a call without a version
-counts as too old), and such a dropped group keeps its place in the count (the data order stays the
-cursor). A step with nothing to train (on any process) runs its groups again, up to
-`empty_step_retries` times, as the synchronous loop does; it keeps its step number.
+x G, G groups a step, and never past the run's last step; so every group is launched at most
+max_staleness versions before the step its index belongs to. A step takes G completed groups, the
+earliest launched first (clawjax.train.groups.GroupRunner): a straggler moves to a later step instead of
+holding this one, but only as long as the steps ahead can still take it, and every group launched
+before it, within max_staleness versions of its launch; then the step waits for it. So no group is
+trained past the bound, whatever max_staleness: a group launched at version L is trained by version
+L + max_staleness, and its calls, sampled at L or later, are at most that many versions old. A group is
+still dropped when a call of it is more than max_staleness versions behind the learner (its oldest
+call: an engine replica that missed a push) or has no version (its age cannot be bounded); a dropped
+group keeps its place in the count (the data order stays the cursor). A step with nothing to train (on
+any process) runs its groups again, up to `empty_step_retries` times, as the synchronous loop does; it
+keeps its step number, and the groups any attempt dropped are recorded with it (also those that a later
+attempt, sampling them again, trained).
 
 The checkpoint's cursor lists the groups launched and not trained, and the next step to sample; a
 resumed run runs those groups again, so no group is trained twice. In a multi-process run each process
@@ -28,7 +33,7 @@ import numpy as np
 
 from clawjax import distributed
 from clawjax.train.groups import CompletedGroup, Group, GroupRunner
-from clawjax.train.step_data import StepData, build_step, call_staleness, failure_reasons
+from clawjax.train.step_data import StepData, build_step, call_staleness, failure_reasons, has_data
 from clawjax.train.steps import Run, StepTrainer
 
 log = logging.getLogger(__name__)
@@ -56,13 +61,13 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
       version = steps.session.version
       # Admission: the groups of the steps up to max_staleness ahead of the one being trained, that is
       # taken + in flight <= (max_staleness + version + 1) x G.
-      while next_step <= version + 1 + cfg.batch.max_staleness:
+      while next_step <= min(version + 1 + cfg.batch.max_staleness, cfg.steps):
         for group in trainer.own_groups(next_step):
           runner.launch(group, version)
           pending.append(group)
         next_step += 1
       t0 = time.time()
-      taken, split, data = _step_groups(trainer, runner, step, version)
+      taken, split, data = _step_groups(trainer, runner, step, version, steps.vocab_size)
       wait_s = time.time() - t0
       taken_ids = {c.group.index for c in taken}
       pending = [g for g in pending if g.index not in taken_ids]
@@ -91,33 +96,40 @@ class Freshness:
   unversioned_calls: int  # sampled calls without a policy version (they make their group stale)
 
 
-def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: int
+def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: int, vocab_size: int
                  ) -> tuple[list[CompletedGroup], Freshness, StepData]:
   """(taken, taken split by staleness, the step's data) of this process: the step's share of completed
-  groups; when no process has anything to train in them, they run again (a retry keeps the step's
-  number), up to `empty_step_retries` times."""
+  groups. When no process has anything to train in them, they run again (a retry keeps the step's
+  number), up to `empty_step_retries` times; the split holds the last attempt's trained groups and every
+  attempt's dropped ones."""
   cfg = trainer.cfg
-  per_step = len(trainer.own_groups(step))
-  taken = runner.take(per_step, due=version - cfg.batch.max_staleness)
+  bound = cfg.batch.max_staleness
+  n = len(trainer.own_groups(step))
+  later = [len(trainer.own_groups(s)) if s <= cfg.steps else 0 for s in range(step + 1, step + 1 + bound)]
+  dropped = Freshness([], [], 0)  # over every attempt
   for attempt in range(cfg.empty_step_retries + 1):
+    taken = runner.take(n, due=version - bound, later=later)
     split = _fresh_groups(trainer, taken, version)
+    dropped.stale += split.stale
+    dropped.unversioned_calls += split.unversioned_calls
     loaded = trainer.layout.load([c.path for c in split.fresh])
-    data = build_step(loaded, policy_version=version, filters=cfg.filters, batch=cfg.batch)
-    if sum(distributed.allgather_json(data.tree_stats["trained_rollouts"])):
-      return taken, split, data
-    reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
-    log.warning("step %d: nothing to train in %d groups (attempt %d of %d): %s", step, len(taken), attempt + 1,
+    data = build_step(loaded, policy_version=version, vocab_size=vocab_size, filters=cfg.filters, batch=cfg.batch)
+    if has_data(data, step):
+      return taken, Freshness(split.fresh, dropped.stale, dropped.unversioned_calls), data
+    reasons = (failure_reasons(loaded) or [f"exclusions {data.counts}"]) + (
+        [f"{len(split.stale)} groups dropped as stale"] if split.stale else [])
+    log.warning("step %d: nothing to train in %d groups (attempt %d of %d): %s", step, n, attempt + 1,
                 cfg.empty_step_retries + 1, " | ".join(reasons))
     if attempt < cfg.empty_step_retries:
       for c in taken:  # the same groups again, sampled now
         runner.launch(c.group, version)
-      taken = runner.take(len(taken), due=version - cfg.batch.max_staleness)
   raise RuntimeError(f"step {step}: nothing to train in {cfg.empty_step_retries + 1} attempts (see "
                      f"{trainer.layout.groups_dir}); why: {' | '.join(reasons)}")
 
 
 def _write_groups(trainer: GroupedRun, step: int, split: Freshness) -> None:
-  """steps/step_<k>/groups.json: the groups the step trained and those it dropped as stale."""
+  """steps/step_<k>/groups.json: the groups the step trained and those any of its attempts dropped as
+  stale."""
   record = trainer.workdir / "steps" / f"step_{step}" / trainer.layout.per_process("groups.json")
   record.parent.mkdir(parents=True, exist_ok=True)
   record.write_text(json.dumps({"trained": [c.group.key for c in split.fresh],

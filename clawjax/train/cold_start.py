@@ -34,6 +34,7 @@ from clawjax.sft.loop import Metrics, fit, make_plan
 from clawjax.tasks import Task
 from clawjax.train.step_data import failure_reasons
 from clawjax.tree.build import CallTree
+from clawjax.tree.vocab import refuse_trees
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ def run_sft(policy, trees: list[CallTree], config: SFTConfig, learner_config: Le
   sft_cfg = dataclasses.replace(learner_config, loss="sft", lr=config.lr, kl_coef=0.0, warmup_steps=0,
                                 micro_batches=1, epochs=1, minibatches=1, shuffle=False,
                                 value=dataclasses.replace(learner_config.value, kind="none"))
+  refuse_trees(trees, policy.cfg.vocab_size)
   learner = Learner(sft_cfg, policy)
   plan = make_plan([t.size for t in trees], row_len=config.row_len, rows=config.rows,
                    pool_batches=config.pool_batches, seed=seed, epochs=None, steps=config.steps)

@@ -71,8 +71,9 @@ class TrainConfig:
   # Resume even though the config differs from the one the run started with (config.json).
   allow_config_change: bool = False
   # Asynchronous RL: rollouts of later steps (up to batch.max_staleness steps ahead) run while the
-  # learner updates; a step trains the oldest completed groups (a straggler waits for a later step until
-  # it is due) and drops groups with calls sampled more than batch.max_staleness versions ago
+  # learner updates; a step trains the earliest launched completed groups (a straggler waits for a later
+  # step as long as it can still be trained within batch.max_staleness versions of its launch) and
+  # drops groups with calls sampled more than batch.max_staleness versions ago, or by no known version
   # (clawjax/train/async_loop.py). Off: the paper's synchronous recipe (the reference).
   async_rl: bool = False
   # A step whose rollouts give nothing to train (every rollout failed, timed out or was excluded) is run

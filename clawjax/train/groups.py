@@ -66,9 +66,10 @@ class CompletedGroup:
 
 
 class GroupRunner:
-  """Runs groups' rollouts through a session, `concurrency` at a time, in launch order; `take(n, due)`
-  returns n completed groups, the oldest (in data order) first. A straggling group holds no one up until
-  it is due: later groups complete past it and are taken instead, while it can still be trained later."""
+  """Runs groups' rollouts through a session, `concurrency` at a time, in launch order; `take` returns n
+  completed groups, the earliest launched (then the oldest in data order) first. A straggling group
+  holds no one up until it must be taken so that it, and every group launched before it, is trained in
+  time: later groups complete past it and are taken instead, while it can still be trained later."""
 
   def __init__(self, session: PolicySession, rollouts_per_task: int, concurrency: int, out_dir: pathlib.Path):
     self.session, self.rollouts, self.out_dir = session, rollouts_per_task, out_dir
@@ -104,17 +105,22 @@ class GroupRunner:
     for job in group.jobs(self.rollouts):
       self._pool.submit(one, job)
 
-  def take(self, n: int, due: int) -> list[CompletedGroup]:
-    """Blocks until n groups have completed and, of those, every group launched at version `due` or
-    before (a group that could not wait another step without exceeding the staleness bound); returns
-    those due groups and then the oldest other completed groups, n in all, in data order."""
-    if n == 0:  # (no group is due then: at most a step's own groups are ever due, clawjax.train.async_loop)
-      return []
+  def take(self, n: int, due: int, later: Sequence[int]) -> list[CompletedGroup]:
+    """n completed groups, in data order. A group launched at version `due` + k must be taken within k
+    steps (k = 0: now), and the next steps take `later[0]`, `later[1]`, ... groups: so whenever more
+    groups launched at `due` + k or before are left than the next k steps take, the excess is taken now
+    (of those launched earliest). Blocks until n groups have completed, among them that excess for every
+    k; takes the earliest launched completed groups, the oldest in data order first among equals."""
     with self._cv:
       if n > len(self._done) + len(self._running):
         raise ValueError(f"take({n}): only {len(self._done) + len(self._running)} groups launched")
-      self._cv.wait_for(lambda: len(self._done) >= n and all(v > due for _, v in self._running.values()))
-      ready = sorted(self._done, key=lambda c: (c.launch_version > due, c.group.index))
+      launched = [c.launch_version for c in self._done] + [v for _, v in self._running.values()]
+      # (More than n only where the groups in flight outnumber what the steps ahead take, as after a
+      # resume that lowered max_staleness: those left over are dropped as stale.)
+      must = [(due + k, min(n, sum(v <= due + k for v in launched) - sum(later[:k]))) for k in range(len(later) + 1)]
+      self._cv.wait_for(lambda: len(self._done) >= n and all(
+          sum(c.launch_version <= bound for c in self._done) >= m for bound, m in must))
+      ready = sorted(self._done, key=lambda c: (c.launch_version, c.group.index))
       taken = sorted(ready[:n], key=lambda c: c.group.index)
       self._done = ready[n:]
     return taken

@@ -13,10 +13,15 @@ Which rollouts are trained (each exclusion is counted under its reason in `StepD
   no_record   calls without a rollout record (the rollout never finished): `no_record`;
   reward      a reward that is not finite, or outside `reward_range` with `out_of_range="reject"`:
               `nonfinite_reward` / `reward_out_of_range` (never scored, never in a group);
+  vocabulary  an ok call whose input or output holds a token id outside the model's vocabulary
+              [0, vocab_size) (clawjax.tree.vocab): `token_out_of_vocab`; when that leaves out every
+              scored rollout of a step, on every process, the run stops (`has_data`) naming a call;
   stale       a call sampled by a policy more than `max_staleness` versions behind the learner:
               the whole rollout is dropped (`stale`); within the bound, TIS corrects it. A call whose
               engine reports no version cannot be judged: it counts as too old (its rollout is `stale`),
               and is counted (`calls_without_version`) and warned about;
+  ahead       a call sampled by a version newer than the learner's (a replica still holding a crashed
+              run's later weights after a resume's push passed it over): `version_ahead`;
   over_branching, empty: the tree filters dropped every call (`over_branching`, `no_trained_calls`);
   too_long    the kept tree is longer than a packed row (`too_long`);
   uninformative  with `drop_uninformative_groups`, a rollout of a group whose advantages are all 0
@@ -41,8 +46,9 @@ from clawjax.calllog import CallRecord, LoadedLog, RolloutRecord
 from clawjax.rl.advantages import group_key, grpo_advantages
 from clawjax.rl.device_batch import process_share
 from clawjax.tree.batch import GroupKey, PackedBatch, RolloutScores
-from clawjax.tree.filters import FilterConfig, FilteredRollout, filter_rollout
+from clawjax.tree.filters import FilterConfig, FilteredRollout, filter_rollout, ok_call_arrays
 from clawjax.tree.pack import pack_trees, split_for_rows
+from clawjax.tree.vocab import VocabularyError, call_outside, mismatch
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +92,7 @@ class StepData:
   tree_stats: dict[str, float]     # sums: trained rollouts, unique/path/loss tokens, leaves, drift, groups
   staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # versions behind -> trained calls
   failures: list[str] = dataclasses.field(default_factory=list)  # failure_reasons of the step's rollouts
+  out_of_vocab: str | None = None  # the first call left out for a token id outside the vocabulary
 
 
 def call_staleness(calls: Sequence[CallRecord], version: int) -> float:
@@ -113,12 +120,14 @@ def _reward(record: RolloutRecord, batch: BatchConfig) -> tuple[float | None, st
   return None, "reward_out_of_range"
 
 
-def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
+def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filters: FilterConfig,
                batch: BatchConfig) -> StepData:
-  """Everything the learner needs from one step's rollouts (the log of this step only)."""
+  """Everything the learner needs from one step's rollouts (the log of this step only), for a model
+  of `vocab_size` tokens."""
   counts: collections.Counter[str] = collections.Counter()
   scored: list[RolloutRecord] = []
   kept_filter: dict[str, FilteredRollout] = {}
+  out_of_vocab = None
   for rid, problem in sorted(loaded.excluded.items()):
     counts["unreadable"] += 1
     log.warning("rollout %s left out: a record could not be read: %s", rid, problem)
@@ -133,11 +142,23 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
       counts[why] += 1
       continue
     scored.append(dataclasses.replace(record, reward=reward))
+    arrays = ok_call_arrays(calls)
+    bad = call_outside(arrays, vocab_size)
+    if bad:
+      counts["token_out_of_vocab"] += 1
+      out_of_vocab = out_of_vocab or mismatch(f"call {bad[0]} of rollout {rid}", bad[1], vocab_size)
+      continue
     counts["calls_without_version"] += sum(c.status == "ok" and c.policy_version is None for c in calls)
     if call_staleness(calls, policy_version) > batch.max_staleness:
       counts["stale"] += 1
       continue
-    f = filter_rollout(rid, calls, filters)
+    newest = max((c.policy_version for c in calls if c.status == "ok"), default=None)
+    if newest is not None and newest > policy_version:
+      counts["version_ahead"] += 1
+      log.warning("rollout %s: a call sampled by policy version %d, ahead of the learner's %d (an engine holding "
+                  "later weights); not trained", rid, newest, policy_version)
+      continue
+    f = filter_rollout(rid, calls, filters, arrays)
     for reason in f.reasons.values():
       counts[f"calls_{reason}"] += 1
     if f.over_branching:
@@ -185,8 +206,26 @@ def build_step(loaded: LoadedLog, *, policy_version: int, filters: FilterConfig,
   # (A kept rollout's calls all have a version: an unversioned call made its rollout stale.)
   staleness = collections.Counter(policy_version - c.policy_version for rid in kept_ids
                                   for c in loaded.calls.get(rid, []) if c.status == "ok")
+  if out_of_vocab:
+    log.warning("%d rollouts not trained: %s", counts["token_out_of_vocab"], out_of_vocab)
   return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())),
-                  failure_reasons(loaded))
+                  failure_reasons(loaded), out_of_vocab)
+
+
+def has_data(data: StepData, step: int) -> bool:
+  """Whether any process has a rollout of the step to train (every process calls it, with its own
+  data). A step whose every scored rollout, on every process, holds a token id the model cannot read
+  stops the run: running it again would sample more of the same."""
+  parts = distributed.allgather_json({"trained": data.tree_stats["trained_rollouts"], "scored": len(data.rewards),
+                                      "out_of_vocab": data.counts.get("token_out_of_vocab", 0),
+                                      "example": data.out_of_vocab})
+  unreadable = sum(p["out_of_vocab"] for p in parts)
+  if unreadable and unreadable == sum(p["scored"] for p in parts):
+    example = next(p["example"] for p in parts if p["example"])
+    raise VocabularyError(f"step {step}: none of its {unreadable} scored rollouts can be read by the learner's "
+                          f"model; {example}: the engine and the learner probably serve different models "
+                          f"(the engine's model vs config.model.init)")
+  return sum(p["trained"] for p in parts) > 0
 
 
 def failure_reasons(loaded: LoadedLog, limit: int = 5) -> list[str]:

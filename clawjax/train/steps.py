@@ -84,6 +84,7 @@ class StepTrainer:
 
   def __init__(self, trainer: Run, session: PolicySession, learner: Learner, cursor: dict[str, Any]):
     self.trainer, self.session, self.learner, self.cursor = trainer, session, learner, cursor
+    self.vocab_size: int = learner.policy_model().cfg.vocab_size  # the ids a step's data may hold
     self.skipped_steps = 0
     self.clock = progress.StepClock(trainer.cfg.steps)
 

@@ -63,7 +63,7 @@ from clawjax.train.config import SFT_ONE_PROCESS, TrainConfig, check_resume
 from clawjax.train.groups import Group, step_groups
 from clawjax.train.layout import RunLayout
 from clawjax.train.metrics import MetricsWriter, read_metrics
-from clawjax.train.step_data import StepData, build_step, failure_reasons
+from clawjax.train.step_data import StepData, build_step, failure_reasons, has_data
 from clawjax.train.steps import StepTrainer
 
 log = logging.getLogger(__name__)
@@ -196,15 +196,18 @@ class Trainer:
         session.run(jobs, writer, label=f"s{step}", desc=f"step {step}/{self.cfg.steps}")
     return jobs, path, replayed
 
-  def _step_data(self, session: PolicySession, step: int) -> tuple[list[RolloutJob], StepData, bool]:
-    """The step's rollouts as training data; a step with nothing to train (on any process) is run again up
-    to `empty_step_retries` times, then the run stops with the failures' reasons."""
+  def _step_data(self, session: PolicySession, step: int, vocab_size: int
+                 ) -> tuple[list[RolloutJob], StepData, bool]:
+    """The step's rollouts as training data for a model of `vocab_size` tokens; a step with nothing to
+    train (on any process) is run again up to `empty_step_retries` times, then the run stops with the
+    failures' reasons."""
     cfg = self.cfg
     for attempt in range(cfg.empty_step_retries + 1):
       jobs, path, replayed = self._rollouts(session, step, again=attempt > 0)
       loaded = self.layout.load(path)
-      data = build_step(loaded, policy_version=session.version, filters=cfg.filters, batch=cfg.batch)
-      if sum(distributed.allgather_json(data.tree_stats["trained_rollouts"])):
+      data = build_step(loaded, policy_version=session.version, vocab_size=vocab_size, filters=cfg.filters,
+                        batch=cfg.batch)
+      if has_data(data, step):
         return jobs, data, replayed
       reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
       log.warning("step %d: no trainable rollout among %d (attempt %d of %d): %s", step, len(jobs),
@@ -263,7 +266,7 @@ class Trainer:
     """The paper's recipe: a step's rollouts all run on the weights of the previous update."""
     for step in range(start + 1, self.cfg.steps + 1):
       t0 = time.time()
-      jobs, data, replayed = self._step_data(steps.session, step)
+      jobs, data, replayed = self._step_data(steps.session, step, steps.vocab_size)
       steps.train(step, data, {"rollouts": float(len(jobs)), "rollout_s": time.time() - t0,
                                "replayed": float(replayed)}, data_path=self.layout.rollouts_file(step))
 

@@ -201,11 +201,17 @@ def classify(calls: Sequence[CallRecord], config: FilterConfig = FilterConfig(),
   return reasons, inferred, tuple(drifted_calls)
 
 
-def filter_rollout(rollout_id: str, calls: Sequence[CallRecord],
-                   config: FilterConfig = FilterConfig()) -> FilteredRollout:
-  """Classifies the calls of one rollout and builds the tree of the trained ones."""
+def ok_call_arrays(calls: Sequence[CallRecord]) -> dict[int, CallArrays]:
+  """`call_arrays` of each ok call by call_index: the calls a tree can hold."""
+  return {c.call_index: call_arrays(c) for c in calls if c.status == "ok"}
+
+
+def filter_rollout(rollout_id: str, calls: Sequence[CallRecord], config: FilterConfig = FilterConfig(),
+                   arrays: Mapping[int, CallArrays] | None = None) -> FilteredRollout:
+  """Classifies the calls of one rollout and builds the tree of the trained ones. `arrays`: the calls'
+  `ok_call_arrays`, when the caller already has them."""
   calls = sorted(calls, key=lambda c: c.call_index)
-  arrays = {c.call_index: call_arrays(c) for c in calls if c.status == "ok"}
+  arrays = ok_call_arrays(calls) if arrays is None else arrays
   reasons, inferred, drifted = classify(calls, config, arrays)
   tree = build_tree(rollout_id, [c for c in calls if reasons[c.call_index] == TRAIN], arrays)
   leaves = len(tree.leaves_L)

@@ -1,13 +1,15 @@
 """A whole SFT run (`run_stage`): a crash and rerun ends exactly where an uninterrupted run does (weights
 bit for bit, the same metrics, one line per update); the learning rate follows transformers'
 `cosine_with_min_lr` with warm-up (written out independently below); sharded over a mesh it computes the
-same losses; a resume on another config or other data is refused; the export loads with clawjax's loader and with `transformers` (logits and
+same losses; a resume on another config or other data is refused; data holding ids past the model's
+vocabulary is refused naming its record; the export loads with clawjax's loader and with `transformers` (logits and
 tokenizer ids agree), and renders with the same chat template."""
 from __future__ import annotations
 
 import json
 import math
 import pathlib
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +28,7 @@ from clawjax.sft.stage import run_stage
 from clawjax.text.messages import Message
 from clawjax.text.templates import load_template
 from clawjax.train.metrics import MetricsWriter, read_metrics
+from clawjax.tree.vocab import VocabularyError
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "clawjax" / "data" / "sft"
 TOY = {"init": "smollm2-135m", "random_init": True, "template": "smollm2",
@@ -134,6 +137,17 @@ def _check_loads_like_transformers(export: pathlib.Path, ours: Decoder) -> None:
     want = hf(torch.tensor([ids])).logits.numpy()[0]
   got = np.asarray(ours(*causal_inputs(jnp.asarray([ids]))))[0]
   np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+
+
+def test_data_tokenized_for_another_model_is_refused_naming_its_record(tmp_path):
+  """The toy model's vocabulary cut to 256 ids, below its tokenizer's: the stage stops before any update
+  with one line naming the first conversation (file:line), the id and the vocabulary size."""
+  cfg = _config(tmp_path, model={**TOY, "overrides": {**TOY["overrides"], "vocab_size": 256}})
+  where = re.escape(f"{tmp_path / 'train.jsonl'}:1")
+  with pytest.raises(VocabularyError, match=rf"^{where}: token id \d+ is outside the model's vocabulary \[0, 256\): "
+                                            "the data was tokenized for another model"):
+    _run(cfg, tmp_path / "run")
+  assert not (tmp_path / "run" / "checkpoints" / "1").exists()
 
 
 def test_a_qwen3_export_loads_with_transformers(tmp_path):

@@ -95,17 +95,28 @@ class SimClock:
 
 # What a rollout of the simulated session does, from (its job, its label, how often it ran before).
 Behaviour = Callable[[RolloutJob, str, int], bool]
+# The policy version its call records, from (its job, its label, how often it ran before, the version
+# at its start).
+CallVersion = Callable[[RolloutJob, str, int, int], "int | None"]
+VOCAB = 64  # the ids of the simulated calls lie in [0, VOCAB)
+
+
+def as_sampled(job: RolloutJob, label: str, runs: int, version: int) -> int:
+  del job, label, runs
+  return version
 
 
 class SimSession:
-  """A policy session: a rollout sleeps `duration(job, label)` clock units; its one call records the
-  policy version at its start (none where `unversioned`); its reward is `reward(job)`; where `fails`,
-  it fails instead (no calls, no reward)."""
+  """A policy session: a rollout sleeps `duration(job, label)` clock units; its one call records
+  `call_version` of the policy version at its start (that version itself by default); its reward is
+  `reward(job)`; where `fails`, it fails instead (no calls, no reward). Every rollout's group is counted
+  in `runs_of` (how often its rollouts started)."""
 
   def __init__(self, clock: SimClock, calls_dir: pathlib.Path, duration: Callable[[RolloutJob, str], float],
-               reward: Callable[[RolloutJob], float], unversioned: Behaviour, fails: Behaviour):
+               reward: Callable[[RolloutJob], float], call_version: CallVersion, fails: Behaviour):
     self.clock, self.calls_dir, self.duration, self.reward = clock, calls_dir, duration, reward
-    self.unversioned, self.fails = unversioned, fails
+    self.call_version, self.fails = call_version, fails
+    self.runs_of: collections.Counter[int] = collections.Counter()
     self.version = 0
     self._ids = itertools.count()
     self._runs: collections.Counter[tuple[str, str, int]] = collections.Counter()
@@ -118,18 +129,19 @@ class SimSession:
       rng = np.random.default_rng(len(rid))
       runs = self._runs[label, job.task.task_id, job.index]
       self._runs[label, job.task.task_id, job.index] += 1
+      self.runs_of[job.group] += 1
     self.clock.sleep(self.duration(job, label))
     extra = {} if getattr(job, "group", None) is None else {"group": job.group}
     if self.fails(job, label, runs):
       writer.write(RolloutRecord(rid, job.task.task_id, job.harness, None, "failed", extra))
       return
-    unversioned = self.unversioned(job, label, runs)
+    recorded = self.call_version(job, label, runs, version)
     calls = synthetic.agent_rollout(rng, rollout_id=rid, task_id=job.task.task_id, harness=job.harness,
-                                    prompt_len=8, n_calls=1, tokens_per_call=4, vocab_size=64)
+                                    prompt_len=8, n_calls=1, tokens_per_call=4, vocab_size=VOCAB)
     self.calls_dir.mkdir(parents=True, exist_ok=True)
     with CallLogWriter(self.calls_dir / f"{rid}.jsonl") as calls_log:
       for call in calls:
-        calls_log.write(dataclasses.replace(call, policy_version=None if unversioned else version))
+        calls_log.write(dataclasses.replace(call, policy_version=recorded))
     writer.write(RolloutRecord(rid, job.task.task_id, job.harness, self.reward(job), "ok", extra))
 
 
@@ -143,11 +155,11 @@ class Trained:
 
 
 class SimSteps:
-  """The learner side of a step (clawjax.train.steps.StepTrainer): records what the loop hands it, takes
-  `learner_time` clock units, then pushes the next version."""
+  """The learner side of a step (clawjax.train.steps.StepTrainer) of a model of `vocab_size` tokens:
+  records what the loop hands it, takes `learner_time` clock units, then pushes the next version."""
 
-  def __init__(self, session: SimSession, clock: SimClock, learner_time: float):
-    self.session, self.clock, self.learner_time = session, clock, learner_time
+  def __init__(self, session: SimSession, clock: SimClock, learner_time: float, vocab_size: int):
+    self.session, self.clock, self.learner_time, self.vocab_size = session, clock, learner_time, vocab_size
     self.cursor: dict[str, Any] = {"step": 0}
     self.trained: list[Trained] = []
 
@@ -195,8 +207,10 @@ def config(steps: int, tasks_per_step: int, rollouts: int, max_staleness: int, *
 @dataclasses.dataclass
 class SimRun:
   trainer: SimTrainer
+  session: SimSession
   steps: SimSteps
   groups_by_step: dict[int, list[int]]  # groups trained by each step (from its groups.json)
+  dropped_by_step: dict[int, list[int]]  # groups dropped as stale by each step (from its groups.json)
 
 
 def never(job: RolloutJob, label: str, runs: int) -> bool:
@@ -205,20 +219,20 @@ def never(job: RolloutJob, label: str, runs: int) -> bool:
 
 
 def run(workdir: pathlib.Path, cfg: TrainConfig, tasks: list[Task], duration: Callable[[RolloutJob, str], float],
-        learner_time: float, *, unversioned: Behaviour = never, fails: Behaviour = never, process_index: int = 0,
-        process_count: int = 1) -> SimRun:
+        learner_time: float, *, call_version: CallVersion = as_sampled, fails: Behaviour = never,
+        vocab_size: int = VOCAB, process_index: int = 0, process_count: int = 1) -> SimRun:
   """`run_async` over `cfg.steps` steps on a simulated clock; rollout k of a group scores k % 2."""
   clock = SimClock()
   trainer = SimTrainer(cfg, workdir, tasks, process_index, process_count)
   session = SimSession(clock, trainer.layout.calls_dir, duration, lambda job: float(job.index % 2),
-                       unversioned, fails)
-  steps = SimSteps(session, clock, learner_time)
+                       call_version, fails)
+  steps = SimSteps(session, clock, learner_time, vocab_size)
   try:
     run_async(trainer, steps, start=0)
   finally:
     clock.close()
-  by_step = {}
-  for t in steps.trained:
-    record = workdir / "steps" / f"step_{t.step}" / trainer.layout.per_process("groups.json")
-    by_step[t.step] = [int(k[1:]) for k in json.loads(record.read_text())["trained"]]
-  return SimRun(trainer, steps, by_step)
+  records = {t.step: json.loads((workdir / "steps" / f"step_{t.step}" / trainer.layout.per_process("groups.json"))
+                                .read_text()) for t in steps.trained}
+  indices = lambda keys: [int(k[1:]) for k in keys]
+  return SimRun(trainer, session, steps, {s: indices(r["trained"]) for s, r in records.items()},
+                {s: indices(r["dropped_stale"]) for s, r in records.items()})

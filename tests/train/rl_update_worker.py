@@ -48,13 +48,13 @@ def run(out: pathlib.Path, mesh_config, devices=None) -> None:
   from clawjax.train.step_data import BatchConfig, build_step
   from clawjax.train.steps import update
   from clawjax.tree.filters import FilterConfig
-  from tests.rl.learner_batches import make_policy
+  from tests.rl.learner_batches import TINY, make_policy
 
   # Plain SGD: the params follow the gradients linearly, so the runs compare to float32 summation order.
   cfg = LearnerConfig(optimizer="sgd", lr=0.5, grad_clip=None, logits_chunk=64)
   learner = Learner(cfg, make_policy(0), mesh=sharding.make_mesh(mesh_config, devices))
   data = build_step(step_log(distributed.process_index(), distributed.process_count()), policy_version=0,
-                    filters=FilterConfig(), batch=BatchConfig(row_len=256, rows=2))
+                    vocab_size=TINY.vocab_size, filters=FilterConfig(), batch=BatchConfig(row_len=256, rows=2))
   metrics = update(learner, data, 0)
   params = {".".join(map(str, path)): distributed.gather(var[...])
             for path, var in nnx.to_flat_state(nnx.state(learner.policy_model(), nnx.Param))}

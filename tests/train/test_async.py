@@ -4,8 +4,10 @@ is due), the staleness of the trained calls is measured, and a run resumed after
 groups that were in flight and never trains a group twice.
 
 The loop's scheduling on a simulated clock (tests/train/async_sim.py): slow tasks are trained as often as
-they are sampled and no group is dropped, an empty step is run again under its number, a call without a
-version is never trained; and with two processes, a process that owns no group of a step goes on."""
+they are sampled and no group is dropped, whatever max_staleness; no group is launched past the last
+step; an empty step is run again under its number and keeps its earlier attempts' drops; a call without a
+version, or with one ahead of the learner's, is never trained; ids the model cannot read stop the run;
+and with two processes, a process that owns no group of a step goes on."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +25,7 @@ from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
 from clawjax.train.trainer import train
 from clawjax.run.session import RolloutJob
+from clawjax.tree.vocab import VocabularyError
 from tests import processes
 from tests.train import async_sim as sim
 from tests.train.test_e2e import CHECK_PY, REWARD_SH
@@ -97,32 +100,68 @@ def test_async_steps_move_past_a_straggler_and_resume_without_training_a_group_t
   assert [r["step"] for r in read_metrics(resumed, "rl")] == [1, 2, 3, 4]
 
 
-def _durations(slow: set[str], jitter: float = 0.3):
-  """Clock units of a rollout: 1 (a slow task's 2), times a factor in [1 - jitter, 1 + jitter] drawn from
-  the rollout's name, so that every run of the loop sees the same durations."""
+def _durations(slow: set[str], factor: float = 2.0, jitter: float = 0.3):
+  """Clock units of a rollout: 1 (a slow task's `factor`), times a factor in [1 - jitter, 1 + jitter] drawn
+  from the rollout's name, so that every run of the loop sees the same durations."""
   def duration(job: RolloutJob, label: str) -> float:
     seed = zlib.crc32(f"{label}/{job.task.task_id}/{job.index}".encode())
-    return (2.0 if job.task.task_id in slow else 1.0) * np.random.default_rng(seed).uniform(1 - jitter, 1 + jitter)
+    return (factor if job.task.task_id in slow else 1.0) * np.random.default_rng(seed).uniform(1 - jitter, 1 + jitter)
   return duration
 
 
-def test_slow_tasks_are_trained_as_often_as_they_are_sampled(tmp_path):
-  """16 tasks, 4 a step, 4 of them twice as slow, max_staleness 1: the slow tasks' share of the trained
-  groups is their share of the sampled ones and (almost) no group is dropped. (Taking the first groups to
-  complete and dropping those trained after their own step trained the slow tasks' groups far less.)"""
+def _by_group(slow: set[int], factor: float = 10.0, jitter: float = 0.1):
+  """Clock units of a rollout: 1 (a slow group's `factor`), times a factor drawn from its group and index."""
+  def duration(job: RolloutJob, label: str) -> float:
+    seed = zlib.crc32(f"{job.group}/{job.index}".encode())
+    return (factor if job.group in slow else 1.0) * np.random.default_rng(seed).uniform(1 - jitter, 1 + jitter)
+  return duration
+
+
+def _every_group_trained_once_in_time(run: sim.SimRun, groups: int, max_staleness: int) -> None:
+  """Each of the run's `groups` groups trained by exactly one step, none dropped, and every trained call
+  at most `max_staleness` versions behind the policy it trains."""
+  trained = sorted(i for step in run.groups_by_step.values() for i in step)
+  assert trained == list(range(groups)), run.groups_by_step
+  assert not any(run.dropped_by_step.values()), run.dropped_by_step
+  assert sum(t.dropped for t in run.steps.trained) == 0
+  assert {int(k) for t in run.steps.trained for k in t.data.staleness} <= set(range(max_staleness + 1))
+
+
+@pytest.mark.parametrize("max_staleness, factor, steps", [(1, 2.0, 100), (2, 4.0, 30), (3, 4.0, 30)])
+def test_slow_tasks_are_trained_as_often_as_they_are_sampled(tmp_path, max_staleness, factor, steps):
+  """16 tasks, 4 a step, 4 of them `factor` times as slow: every sampled group is trained, once and
+  within the staleness bound, so the slow tasks' share of the trained groups is their share of the
+  sampled ones. (Taking the first groups to complete and dropping those trained after their own step
+  trained the slow tasks' groups far less; waiting only for the groups due now still let stragglers
+  fall due together at max_staleness >= 2, more of them than a step takes, and dropped the rest: 2 of
+  these 30 steps' groups at 4 x, both at max_staleness 2 and 3.)"""
   tasks = [sim.task(f"t{i:02d}") for i in range(16)]
   slow = {t.task_id for t in tasks[:4]}
-  steps = 100
-  run = sim.run(tmp_path, sim.config(steps, tasks_per_step=4, rollouts=2, max_staleness=1), tasks, _durations(slow),
+  run = sim.run(tmp_path, sim.config(steps, tasks_per_step=4, rollouts=2, max_staleness=max_staleness), tasks,
+                _durations(slow, factor), learner_time=0.5)
+  _every_group_trained_once_in_time(run, steps * 4, max_staleness)
+
+
+def test_stragglers_launched_together_are_taken_in_time(tmp_path):
+  """max_staleness 2, 2 groups a step, the first three groups ten times as slow: all three are launched
+  at version 0 and must be trained by version 2, more than step 3 alone takes, so an earlier step waits
+  for one of them. (Waiting only for the groups due now trained two at step 3 and dropped g2 at step 4.)"""
+  tasks = [sim.task(f"t{i}") for i in range(4)]
+  run = sim.run(tmp_path, sim.config(6, tasks_per_step=2, rollouts=2, max_staleness=2), tasks, _by_group({0, 1, 2}),
                 learner_time=0.5)
-  sampled = [run.trainer.group(i).task.task_id for i in range(steps * 4)]
-  trained = [run.trainer.group(i).task.task_id for step in run.groups_by_step.values() for i in step]
-  dropped = sum(t.dropped for t in run.steps.trained)
-  share = lambda ids: sum(t in slow for t in ids) / len(ids)
-  assert abs(share(trained) - share(sampled)) < 0.02, (share(trained), share(sampled))
-  assert dropped / len(sampled) < 0.02
-  # Every trained call within the bound: at most one version behind the policy it trains.
-  assert {int(k) for t in run.steps.trained for k in t.data.staleness} <= {0, 1}
+  _every_group_trained_once_in_time(run, 12, max_staleness=2)
+  assert [t.step for t in run.steps.trained] == [1, 2, 3, 4, 5, 6]
+
+
+def test_no_group_is_launched_past_the_last_step(tmp_path):
+  """3 steps of 2 groups, max_staleness 1: groups 0-5 run, each once; step 4's groups (6 and 7), which no
+  step would train, never start."""
+  tasks = [sim.task(f"t{i}") for i in range(4)]
+  run = sim.run(tmp_path, sim.config(3, tasks_per_step=2, rollouts=2, max_staleness=1), tasks, _by_group(set()),
+                learner_time=0.5)
+  assert dict(run.session.runs_of) == {g: 2 for g in range(6)}
+  assert sorted(p.name for p in run.trainer.layout.groups_dir.iterdir()) == [f"g{g}.jsonl" for g in range(6)]
+  _every_group_trained_once_in_time(run, 6, max_staleness=1)
 
 
 def test_a_groups_jobs_name_its_draw():
@@ -134,14 +173,33 @@ def test_a_groups_jobs_name_its_draw():
 
 
 def test_an_empty_step_is_run_again_under_its_number(tmp_path):
-  """Every rollout of step 2's group fails the first time: the step runs it again and trains it as step
-  2; every step, the last included, trains (and so pushes and checkpoints)."""
+  """One group a step; every rollout of group 1 fails the first time it runs. Whichever step takes it
+  first (step 1 or 2, by which group completes first) has nothing to train: it runs its group again and
+  trains under its own number; every step, the last included, trains (and so pushes and checkpoints)."""
   tasks = [sim.task(f"t{i}") for i in range(3)]
-  fails = lambda job, label, runs: label == "s2" and runs == 0
+  fails = lambda job, label, runs: job.group == 1 and runs == 0
   run = sim.run(tmp_path, sim.config(4, tasks_per_step=1, rollouts=2, max_staleness=1), tasks, _durations(set()),
                 learner_time=0.5, fails=fails)
+  assert [t.step for t in run.steps.trained] == [1, 2, 3, 4]  # no step skipped, none trained twice
+  assert [len(run.groups_by_step[s]) for s in (1, 2, 3, 4)] == [1, 1, 1, 1]
+  assert sorted(g for step in run.groups_by_step.values() for g in step) == [0, 1, 2, 3]
+  assert dict(run.session.runs_of) == {0: 2, 1: 4, 2: 2, 3: 2}  # group 1 ran twice, the others once
+
+
+def test_an_empty_steps_earlier_drops_are_recorded(tmp_path):
+  """One group a step; group 1's calls report no policy version the first time it runs. The step that
+  takes it drops it, has nothing else to train, and runs it again: its groups.json and its metrics keep
+  that drop (and its unversioned calls) although a later attempt trained."""
+  tasks = [sim.task(f"t{i}") for i in range(3)]
+  call_version = lambda job, label, runs, version: None if job.group == 1 and runs == 0 else version
+  run = sim.run(tmp_path, sim.config(4, tasks_per_step=1, rollouts=2, max_staleness=1), tasks, _durations(set()),
+                learner_time=0.5, call_version=call_version)
   assert [t.step for t in run.steps.trained] == [1, 2, 3, 4]
-  assert run.groups_by_step[2] == [1]  # group 1 is step 2's sample
+  (step,) = [s for s, dropped in run.dropped_by_step.items() if dropped]
+  assert run.dropped_by_step[step] == [1]
+  (t,) = [t for t in run.steps.trained if t.step == step]
+  assert t.extra["groups/dropped_stale"] == 1 and t.extra["calls_without_version"] == 2
+  assert sorted(g for s in run.groups_by_step.values() for g in s) == [0, 1, 2, 3]  # its second run trains
 
 
 def test_a_group_with_an_unversioned_call_is_never_trained(tmp_path):
@@ -150,12 +208,35 @@ def test_a_group_with_an_unversioned_call_is_never_trained(tmp_path):
   tasks = [sim.task(f"t{i}") for i in range(4)]
   cfg = sim.config(3, tasks_per_step=2, rollouts=2, max_staleness=1, empty_step_retries=0)
   (group, _) = sim.SimTrainer(cfg, tmp_path, tasks).step_groups(2)
-  unversioned = lambda job, label, runs: label == "s2" and job.task == group.task
-  run = sim.run(tmp_path, cfg, tasks, _durations(set()), learner_time=0.5, unversioned=unversioned)
+  call_version = lambda job, label, runs, version: None if job.group == group.index else version
+  run = sim.run(tmp_path, cfg, tasks, _durations(set()), learner_time=0.5, call_version=call_version)
   trained = [i for step in run.groups_by_step.values() for i in step]
   assert group.index not in trained and len(trained) == 5
   assert sum(t.extra["calls_without_version"] for t in run.steps.trained) == 2
   assert sum(t.dropped for t in run.steps.trained) == 1
+
+
+def test_a_call_sampled_by_a_version_ahead_of_the_learner_is_never_trained(tmp_path):
+  """The calls of group 3 report a version beyond the run's last (a replica holding a crashed run's later
+  weights): its rollouts are excluded as `version_ahead` and counted, not trained as fresh; every trained
+  call is at most one version behind."""
+  tasks = [sim.task(f"t{i}") for i in range(4)]
+  call_version = lambda job, label, runs, version: version + 5 if job.group == 3 else version
+  run = sim.run(tmp_path, sim.config(3, tasks_per_step=2, rollouts=2, max_staleness=1), tasks, _durations(set()),
+                learner_time=0.5, call_version=call_version)
+  assert sum(t.data.counts.get("version_ahead", 0) for t in run.steps.trained) == 2
+  trained_rollouts = {rid for t in run.steps.trained for b in t.data.batches for rid in b.rollout_ids_N}
+  assert len(trained_rollouts) == 10 and {int(k) for t in run.steps.trained for k in t.data.staleness} <= {0, 1}
+
+
+def test_ids_the_model_cannot_read_stop_the_run(tmp_path):
+  """The engine's ids reach past the learner's vocabulary (64 against 32): the first step stops the run
+  with one line naming a call and the vocabulary size."""
+  tasks = [sim.task(f"t{i}") for i in range(2)]
+  with pytest.raises(VocabularyError, match=r"^step 1: .* call 0 of rollout s[12]-.*outside the model's vocabulary "
+                                            r"\[0, 32\): the engine and the learner probably serve different models"):
+    sim.run(tmp_path, sim.config(3, tasks_per_step=1, rollouts=2, max_staleness=1), tasks, _durations(set()),
+            learner_time=0.5, vocab_size=32)
 
 
 @pytest.mark.slow  # two JAX processes start (about 40 s on a loaded machine)

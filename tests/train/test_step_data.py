@@ -5,13 +5,16 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from clawjax.calllog import CallLogWriter, CallRecord, LoadedLog, RolloutRecord, load
-from clawjax.train.step_data import BatchConfig, build_step, step_metrics, summary
+from clawjax.train.step_data import BatchConfig, build_step, has_data, step_metrics, summary
 from clawjax.tree.filters import FilterConfig, filter_rollout
 from clawjax.tree.synthetic import agent_group
+from clawjax.tree.vocab import VocabularyError
 
-SMALL = dict(prompt_len=60, n_calls=3, tokens_per_call=20, vocab_size=500)
+VOCAB = 500
+SMALL = dict(prompt_len=60, n_calls=3, tokens_per_call=20, vocab_size=VOCAB)
 
 
 def _versioned(c: CallRecord) -> CallRecord:
@@ -48,7 +51,8 @@ def test_mix_harness_groups_never_mix():
   ra, rb = [0.0, 1.0, 0.5, 1.0], [1.0, 1.0, 0.0, 0.25]
   log = _log([agent_group(rng, task_id="t", harness="openclaw", n_rollouts=4, rewards=ra, **SMALL),
               agent_group(rng, task_id="t", harness="claude_code", n_rollouts=4, rewards=rb, **SMALL)])
-  data = build_step(log, policy_version=0, filters=FilterConfig(), batch=BatchConfig(row_len=4096, rows=4))
+  data = build_step(log, policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
   assert sorted(data.scores.groups) == [("t", "claude_code", None), ("t", "openclaw", None)]
   got = _token_advantages(data)
   for harness, rewards in (("openclaw", ra), ("claude_code", rb)):
@@ -70,7 +74,7 @@ def test_excluded_rollouts_are_counted_and_never_trained():
   stale = {outs[4].rollout_id}
   calls = [dataclasses.replace(c, policy_version=3 if c.rollout_id in stale else 5) for c in calls]
   log = _log([(calls, outs[:7])])  # outs[7]: calls but no rollout record (never finished)
-  data = build_step(log, policy_version=5, filters=FilterConfig(),
+  data = build_step(log, policy_version=5, vocab_size=VOCAB, filters=FilterConfig(),
                     batch=BatchConfig(row_len=4096, rows=4, max_staleness=1))
   assert data.counts["status_failed"] == 1 and data.counts["status_timeout"] == 1
   assert data.counts["nonfinite_reward"] == 1 and data.counts["stale"] == 1
@@ -96,7 +100,7 @@ def test_group_statistics_cover_every_scored_rollout():
           [dataclasses.replace(o, rollout_id=o.rollout_id + "-long") for o in long[1]])
   row_len = max(_tree_size(short)) + 1
   assert min(_tree_size(long)) > row_len
-  data = build_step(_log([short, long]), policy_version=0, filters=FilterConfig(),
+  data = build_step(_log([short, long]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
                     batch=BatchConfig(row_len=row_len, rows=4))
   assert data.counts["too_long"] == 2 and data.counts["scored_untrained"] == 2
   got = _token_advantages(data)
@@ -116,13 +120,13 @@ def test_rewards_out_of_range_are_rejected_or_clipped():
   rng = np.random.default_rng(4)
   calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=4, rewards=[0.0, 1.0, 0.5, 0.5], **SMALL)
   outs[2] = dataclasses.replace(outs[2], reward=1e308)  # a broken checker's "score"
-  rejected = build_step(_log([(calls, outs)]), policy_version=0, filters=FilterConfig(),
+  rejected = build_step(_log([(calls, outs)]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
                         batch=BatchConfig(row_len=4096, rows=4))
   assert rejected.counts["reward_out_of_range"] == 1 and outs[2].rollout_id not in rejected.rewards
   got = _token_advantages(rejected)
   for i, a in zip((0, 1, 3), _reference([0.0, 1.0, 0.5])):
     np.testing.assert_allclose(got[outs[i].rollout_id].pop(), a, rtol=1e-5)
-  clipped = build_step(_log([(calls, outs)]), policy_version=0, filters=FilterConfig(),
+  clipped = build_step(_log([(calls, outs)]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
                        batch=BatchConfig(row_len=4096, rows=4, out_of_range="clip"))
   assert clipped.rewards[outs[2].rollout_id] == 1.0
   assert all(np.isfinite(b.advantages_RT).all() for b in clipped.batches)
@@ -132,10 +136,10 @@ def test_uninformative_groups_can_be_left_out():
   rng = np.random.default_rng(5)
   flat = agent_group(rng, task_id="flat", harness="mini", n_rollouts=3, rewards=[1.0, 1.0, 1.0], **SMALL)
   spread = agent_group(rng, task_id="spread", harness="mini", n_rollouts=3, rewards=[0.0, 1.0, 0.5], **SMALL)
-  kept = build_step(_log([flat, spread]), policy_version=0, filters=FilterConfig(),
+  kept = build_step(_log([flat, spread]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
                     batch=BatchConfig(row_len=4096, rows=4))
   assert len({rid for b in kept.batches for rid in b.rollout_ids_N}) == 6  # the paper's GRPO: all trained
-  left_out = build_step(_log([flat, spread]), policy_version=0, filters=FilterConfig(),
+  left_out = build_step(_log([flat, spread]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
                         batch=BatchConfig(row_len=4096, rows=4, drop_uninformative_groups=True))
   assert {rid for b in left_out.batches for rid in b.rollout_ids_N} == {o.rollout_id for o in spread[1]}
   assert left_out.counts["uninformative"] == 3 and left_out.rewards.keys() == kept.rewards.keys()
@@ -157,7 +161,7 @@ def test_two_draws_of_a_pair_are_two_groups_for_uninformative_and_metrics():
   zeros = agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[0.0, 0.0], **SMALL)
   zeros = _draw(([dataclasses.replace(c, rollout_id=f"{c.rollout_id}b") for c in zeros[0]],
                  [dataclasses.replace(o, rollout_id=f"{o.rollout_id}b") for o in zeros[1]]), 8)
-  data = build_step(_log([ones, zeros]), policy_version=0, filters=FilterConfig(),
+  data = build_step(_log([ones, zeros]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
                     batch=BatchConfig(row_len=4096, rows=4, drop_uninformative_groups=True))
   assert sorted(data.scores.groups) == [("t", "mini", 3), ("t", "mini", 8)]
   assert data.counts["uninformative"] == 4 and not any(b.rollout_ids_N for b in data.batches)
@@ -175,7 +179,8 @@ def test_a_call_without_a_version_makes_its_rollout_stale_and_is_counted():
   log = LoadedLog(calls={}, rollouts={o.rollout_id: o for o in outs}, problems=[])
   for c in calls:
     log.calls.setdefault(c.rollout_id, []).append(c)
-  data = build_step(log, policy_version=5, filters=FilterConfig(), batch=BatchConfig(row_len=4096, rows=4))
+  data = build_step(log, policy_version=5, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
   assert data.counts["stale"] == 1 and data.counts["calls_without_version"] == 1
   assert {rid for b in data.batches for rid in b.rollout_ids_N} == {outs[1].rollout_id, outs[2].rollout_id}
 
@@ -194,7 +199,8 @@ def test_a_rollout_with_an_unreadable_call_is_left_out_whole(tmp_path):
   broken.write_text(lines[0] + lines[1][:40] + "\n" + "".join(lines[2:]))  # one call's line torn
   loaded = load(tmp_path, errors="collect")
   assert outs[0].rollout_id in loaded.excluded and outs[0].rollout_id in loaded.problems[0]
-  data = build_step(loaded, policy_version=0, filters=FilterConfig(), batch=BatchConfig(row_len=4096, rows=4))
+  data = build_step(loaded, policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
   assert data.counts["unreadable"] == 1
   assert {rid for b in data.batches for rid in b.rollout_ids_N} == {outs[1].rollout_id}
 
@@ -202,5 +208,66 @@ def test_a_rollout_with_an_unreadable_call_is_left_out_whole(tmp_path):
 def test_tree_longer_than_a_row_is_counted_not_fatal():
   rng = np.random.default_rng(2)
   log = _log([agent_group(rng, task_id="t", harness="mini", n_rollouts=2, rewards=[0.0, 1.0], **SMALL)])
-  data = build_step(log, policy_version=0, filters=FilterConfig(), batch=BatchConfig(row_len=32, rows=2))
+  data = build_step(log, policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=32, rows=2))
   assert data.counts["too_long"] == 2 and not data.batches
+
+
+def _with_id(c: CallRecord, field: str, at: int, token: int) -> CallRecord:
+  ids = list(getattr(c, field))
+  ids[at] = token
+  return dataclasses.replace(c, **{field: tuple(ids)})
+
+
+def test_a_rollout_holding_a_token_id_outside_the_vocabulary_is_counted_and_not_trained():
+  """One rollout's output and another's input hold an id the model cannot read (its vocabulary's size, and
+  an id of a larger tokenizer): both are left out, counted, and still scored with their group."""
+  rng = np.random.default_rng(10)
+  calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=4, rewards=[0.0, 1.0, 0.5, 1.0], **SMALL)
+  bad = {(outs[1].rollout_id, 2): ("output_ids", 3, VOCAB), (outs[2].rollout_id, 0): ("input_ids", 17, 8187)}
+  calls = [_with_id(c, *bad[c.rollout_id, c.call_index]) if (c.rollout_id, c.call_index) in bad else c
+           for c in calls]
+  data = build_step(_log([(calls, outs)]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
+  assert data.counts["token_out_of_vocab"] == 2 and data.counts["scored_untrained"] == 2
+  assert {rid for b in data.batches for rid in b.rollout_ids_N} == {outs[0].rollout_id, outs[3].rollout_id}
+  assert all(b.tokens_RT.max() < VOCAB for b in data.batches)
+  want = _reference([0.0, 1.0, 0.5, 1.0])
+  for i in (0, 3):
+    np.testing.assert_allclose(_token_advantages(data)[outs[i].rollout_id].pop(), want[i], rtol=1e-5)
+  assert has_data(data, step=1)
+  assert step_metrics([summary(data)])["count/token_out_of_vocab"] == 2
+
+
+def test_a_step_whose_every_rollout_the_model_cannot_read_stops_the_run_naming_a_call():
+  """Calls of an engine serving a larger vocabulary than the learner's model: every rollout holds an id
+  past it, and the step stops the run with one line naming a call, the id and the vocabulary size."""
+  rng = np.random.default_rng(11)
+  calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=3, rewards=[0.0, 1.0, 0.5], **SMALL)
+  calls = [_with_id(c, "output_ids", 0, 8187 + i) if c.call_index == 1 else c for i, c in enumerate(calls)]
+  data = build_step(_log([(calls, outs)]), policy_version=0, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
+  assert data.counts["token_out_of_vocab"] == 3 and not data.batches
+  with pytest.raises(VocabularyError) as e:
+    has_data(data, step=7)
+  message = str(e.value)
+  assert "\n" not in message
+  first = next(c for c in calls if c.rollout_id == outs[0].rollout_id and c.call_index == 1)
+  assert f"step 7: " in message and "different models" in message
+  assert f"call 1 of rollout {outs[0].rollout_id}: token id {first.output_ids[0]} is outside the model's " \
+         f"vocabulary [0, {VOCAB})" in message
+
+
+def test_a_call_sampled_by_a_version_ahead_of_the_learner_is_counted_and_not_trained():
+  """A replica that missed a resume's push still holds the crashed run's later weights (version 6, the
+  learner at 5): its rollout is left out under its own reason, not trained as fresh."""
+  rng = np.random.default_rng(12)
+  calls, outs = agent_group(rng, task_id="t", harness="mini", n_rollouts=3, rewards=[0.0, 1.0, 0.5], **SMALL)
+  ahead = outs[0].rollout_id
+  calls = [dataclasses.replace(c, policy_version=6 if c.rollout_id == ahead and c.call_index == 2 else 5)
+           for c in calls]
+  data = build_step(_log([(calls, outs)]), policy_version=5, vocab_size=VOCAB, filters=FilterConfig(),
+                    batch=BatchConfig(row_len=4096, rows=4))
+  assert data.counts["version_ahead"] == 1 and "stale" not in data.counts
+  assert {rid for b in data.batches for rid in b.rollout_ids_N} == {outs[1].rollout_id, outs[2].rollout_id}
+  assert data.staleness == {0: 6}  # the two trained rollouts' three calls each, none "behind" by -1
