@@ -22,10 +22,14 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from absl import app, flags
-from ml_collections import config_flags
+from clawjax.jax_import import import_jax
 
-from clawjax import config as config_lib
+import_jax()  # before anything else imports it: see clawjax/jax_import.py
+
+from absl import app, flags  # pylint: disable=wrong-import-position
+from ml_collections import config_flags  # pylint: disable=wrong-import-position
+
+from clawjax import config as config_lib  # pylint: disable=wrong-import-position
 
 T = TypeVar("T")
 
