@@ -44,6 +44,26 @@ def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig) -> tuple[jax.
   return logits_NE, weights_NK, experts_NK
 
 
+@jax.custom_vjp
+def permute_rows(x_MD: jax.Array, perm_M: jax.Array, inverse_M: jax.Array) -> jax.Array:
+  """x[perm], whose gradient is the cotangent gathered by the inverse permutation: autodiff of a gather
+  would scatter-add it instead (atomics on GPU, serialised on TPU)."""
+  del inverse_M
+  return x_MD[perm_M]
+
+
+def _permute_rows_fwd(x_MD, perm_M, inverse_M):
+  return permute_rows(x_MD, perm_M, inverse_M), (perm_M, inverse_M)
+
+
+def _permute_rows_bwd(residuals, g_MD):
+  perm_M, inverse_M = residuals
+  return g_MD[inverse_M], None, None
+
+
+permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
+
+
 def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, up_EDF: jax.Array,
                    down_EFD: jax.Array, cfg: ModelConfig, first_expert: jax.Array | int = 0) -> jax.Array:
   """sum over the top-k choices of weight x expert MLP(x) [N, D], counting only the experts held here:
@@ -55,15 +75,16 @@ def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, u
   # Renumbered so the experts held here come first: their pairs lead the sorted order, where the grouped
   # matmuls' groups cover them; the pairs of other experts trail, outside every group, where a kernel's
   # rows are undefined: grouped_matmul zeroes them (in its output, and in the tokens' gradient that
-  # flows back through the gather below), so other experts' choices add 0 here.
+  # flows back through the permutation below), so other experts' choices add 0 here.
   local_NK = (experts_NK - first_expert) % cfg.n_experts
   order_M = jnp.argsort(local_NK.reshape(-1), stable=True)  # M = N * k (token, choice) pairs
-  x_MD = x_ND[order_M // k]
+  inverse_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(n * k, dtype=order_M.dtype))
+  x_MD = permute_rows(jnp.broadcast_to(x_ND[:, None], (n, k, d)).reshape(n * k, d), order_M, inverse_M)
   group_sizes_E = jnp.bincount(local_NK.reshape(-1), length=e_here).astype(jnp.int32)
   gate_MF = grouped_matmul(x_MD, gate_EDF.astype(cfg.dtype), group_sizes_E)
   up_MF = grouped_matmul(x_MD, up_EDF.astype(cfg.dtype), group_sizes_E)
   y_MD = grouped_matmul(jax.nn.silu(gate_MF) * up_MF, down_EFD.astype(cfg.dtype), group_sizes_E)
-  y_NKD = jnp.zeros_like(y_MD).at[order_M].set(y_MD).reshape(n, k, d)
+  y_NKD = permute_rows(y_MD, inverse_M, order_M).reshape(n, k, d)
   return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype))
 
 
