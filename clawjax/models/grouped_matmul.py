@@ -10,9 +10,9 @@ compiled for a TPU slice or a GPU from a CPU host gets that target's kernel:
   cuda   Mosaic GPU (Hopper wgmma) kernels under a custom VJP: `ragged_dot_mgpu` for the forward and, with
          the matrices transposed, the input gradient; `transposed_ragged_dot_mgpu` (contracting each
          group's rows) for the weight gradient. XLA's GPU compiler gives no FLOP count at all.
-  other  `lax.ragged_dot` (XLA's own; CPU). On TPU and GPU XLA computes its weight gradient densely over
-         every group (n_groups x the FLOPs), and on GPU the forward too: 78 GiB of temporaries for the
-         Qwen3-30B-A3B step at 8K, 4.45 x the FLOPs on TPU (BENCHMARKS.md), which is why the kernels.
+  other  `lax.ragged_dot` (XLA's own; CPU). On TPU XLA computes its weight gradient densely over every
+         group (n_groups x the FLOPs), on GPU the forward and both gradients: 4.45 x the FLOPs of the
+         Qwen3-30B-A3B step at 8K on TPU, 78 GiB of temporaries on GPU (BENCHMARKS.md).
 
 Whatever a kernel leaves in the rows outside every group (its output there is undefined, also in the
 input gradient), they are 0 here in y and in x's gradient, and x's values there reach neither y nor w's
@@ -36,13 +36,10 @@ from jax.experimental.pallas.ops.tpu import megablox
 _TPU_ROWS = 128
 _TPU_COLS = 512
 # Hopper tiles (from the kernels' own search space): output rows and columns of a wgmma, and the
-# contraction step, pipelined over as many steps as fit _GPU_SMEM_STEPS (4 in bfloat16, 2 in float32).
-# Every dimension is padded to a multiple of 128.
-_GPU_BLOCKS = dict(block_m=128, block_n=128, block_k=64, grid_block_n=1)
+# contraction step, pipelined 4 deep: 4 x 32 KiB of shared memory in 16 bits and the 32 KiB output tile,
+# of 227 KiB. Every dimension is padded to a multiple of 128.
+_GPU_BLOCKS = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=1)
 _GPU_MULTIPLE = 128
-_GPU_SMEM_STEPS = 128 * 1024  # shared memory for the pipelined steps (of 227 KiB; the output tile takes 32-64)
-
-KERNELS = ("megablox", "megablox_interpret", "mosaic_gpu", "xla")
 # Hopper's SMs (H100 and H200 SXM), for a kernel traced without a GPU (below).
 _HOPPER_SMS = 132
 
@@ -76,20 +73,13 @@ def _megablox(x_MK: jax.Array, w_GKN: jax.Array, group_sizes_G: jax.Array, inter
   return y_MN[:m]
 
 
-def _gpu_blocks(dtype: jnp.dtype) -> dict[str, int]:
-  b = _GPU_BLOCKS
-  step = (b["block_m"] + b["block_n"]) * b["block_k"] * jnp.dtype(dtype).itemsize
-  return dict(b, max_concurrent_steps=_GPU_SMEM_STEPS // step)
-
-
 def _mgpu(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Array, transpose_rhs: bool) -> jax.Array:
   """ragged_dot_mgpu on operands padded to its blocks (the result cut back): rhs [G, K, N], or [G, N, K]
   with `transpose_rhs`."""
   m = lhs_MK.shape[0]
   n = rhs_GKN.shape[1] if transpose_rhs else rhs_GKN.shape[2]
   y_MN = ragged_dot_mgpu.ragged_dot(_pad(lhs_MK, (_GPU_MULTIPLE,) * 2), _pad(rhs_GKN, (1,) + (_GPU_MULTIPLE,) * 2),
-                                    group_sizes=group_sizes_G, transpose_rhs=transpose_rhs,
-                                    **_gpu_blocks(lhs_MK.dtype))
+                                    group_sizes=group_sizes_G, transpose_rhs=transpose_rhs, **_GPU_BLOCKS)
   return y_MN[:m, :n]
 
 
@@ -137,7 +127,7 @@ def _mosaic_gpu_bwd(residuals, dy_MN):
   with _sm_count_for_tracing():
     dw_GKN = transposed_ragged_dot_mgpu.transposed_ragged_dot(
         _pad(x_MK, (_GPU_MULTIPLE,) * 2), _pad(dy_MN, (_GPU_MULTIPLE,) * 2), group_sizes=group_sizes_G,
-        **_gpu_blocks(x_MK.dtype))
+        **_GPU_BLOCKS)
   return dx_MK, dw_GKN[:, :k, :n], None
 
 
@@ -156,6 +146,7 @@ _BY_NAME: dict[str, Callable[..., jax.Array]] = {
     "mosaic_gpu": _mosaic_gpu,
     "xla": _xla,
 }
+KERNELS = tuple(_BY_NAME)
 
 
 def takes(kernel: str, dtype: jnp.dtype) -> bool:
