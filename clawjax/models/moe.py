@@ -154,6 +154,7 @@ class MoE(nnx.Module):
     # varying-axes type that checking needs. Unchecked, shard_map's transpose sums an input's gradient
     # over the mesh axes its spec leaves out: the tokens' over the expert / tensor group, each device's
     # gradient being its part of the psum above (and that psum's transpose meets its output's cotangent
-    # divided by the group's size), the router's over every device.
+    # divided by the group's size), the router's over every axis but fsdp (whose gather transposes to a
+    # reduce-scatter).
     return jax.shard_map(one_shard, mesh=mesh, in_specs=(x_spec, router_spec, gate_spec, gate_spec, down_spec),
                          out_specs=x_spec, check_vma=False)(x_BTD, router_DE, gate_EDF, up_EDF, down_EFD)
