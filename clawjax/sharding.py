@@ -63,7 +63,19 @@ class MeshConfig:
   inside one: `dcn_data` and `dcn_fsdp` say over how many of these granules the data and fsdp axes are
   split (of their total sizes above); the mesh then comes from `mesh_utils.create_hybrid_device_mesh`,
   which keeps tensor and expert (and the rest of data and fsdp) inside a granule. With both at 1 the
-  devices are laid out in `jax.devices()` order (one process's devices next to each other)."""
+  devices are laid out in `jax.devices()` order (one process's devices next to each other).
+
+  `expert` > 1 (expert parallelism, a divisor of n_experts) splits an MoE model's experts over that many
+  devices, which see the same rows (rows are split over data and fsdp only): each holds and FSDP-gathers
+  only its experts' weights, runs the grouped matmuls on only its experts' (token, choice) pairs, and the
+  group's outputs are summed (clawjax/models/moe.py). It costs an all-reduce of [tokens, d_model] per MoE
+  layer (and one in the backward), and the rest of the model (attention) runs once on each device of the
+  group. Set it when a device's tokens per micro-batch are too few to hide fsdp's per-layer gather of
+  every expert's weights behind their compute. For Qwen3-30B-A3B on v5p, from the chips' figures (not
+  measured): a layer's experts are 1.2 GB in bfloat16, ~2 ms at 600 GB/s of ICI, while a token's forward
+  through them is 75 MFLOP, 2 ms for ~12K tokens at 459 TFLOP/s; so below ~10K tokens a device. The
+  paper's configs, 64K tokens a device, keep 1. On a GPU the Mosaic forward kernels still visit every
+  pair's row tile, so there it saves memory and gathers but not those FLOPs."""
   data: int = -1
   fsdp: int = 1
   tensor: int = 1

@@ -1,9 +1,12 @@
 """The learner step's FLOPs and HBM traffic counted from the model's shapes.
 
 XLA's cost analysis counts a loop body once, and the step is loops (micro-batches, key blocks, logits
-chunks), and it sees no FLOPs inside a Pallas kernel; so the step time is estimated from this count.
-Matmuls only (2 FLOPs a multiply-add); a backward pass is twice its forward; attention over a full causal
-row (each query sees (T + 1) / 2 keys on average: an upper bound for tree rows, whose branches see less).
+chunks), and it sees inside a Pallas kernel only the cost estimate the kernel carries (the MoE's megablox
+grouped matmuls carry 2 m k n, the tree-attention kernel none); so the step time is estimated from this
+count. Matmuls only (2 FLOPs a multiply-add); a backward pass is twice its forward; attention over a full
+causal row (each query sees (T + 1) / 2 keys on average: an upper bound for tree rows, whose branches see
+less); an MoE layer's experts top_k x 3 x d_model x moe_mlp_dim a token, the work of the grouped matmuls'
+rows (a TPU kernel's partly filled row tiles, at most one more a group, are not counted).
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ class ModelConfig:
     rope_theta: RoPE base. rms_eps: RMSNorm epsilon. tie_embeddings: lm_head shares the embedding.
     qk_norm: Qwen3's per-head RMSNorm on q and k before RoPE.
     n_experts, top_k, moe_mlp_dim, norm_topk_prob: Qwen3-MoE router and expert sizes (n_experts=0: dense).
+      The experts run as grouped matmuls (clawjax/models/grouped_matmul.py), split over the mesh's
+      `expert` axis when it is > 1 (`clawjax.sharding.MeshConfig` says when to set it).
     moe_layer_step, mlp_only_layers: which layers are MoE (HF decoder_sparse_step / mlp_only_layers).
     max_position_embeddings, bos_token_id, eos_token_id: carried through HF configs only.
     dtype: compute dtype of activations. param_dtype: storage dtype of parameters.

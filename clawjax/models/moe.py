@@ -1,7 +1,9 @@
 """Qwen3-MoE sparse block: top-k token-choice router (softmax in float32, optional renormalisation of the
-top-k probabilities) over SwiGLU experts, computed with sorted grouped matmuls (`jax.lax.ragged_dot`):
-each (token, choice) pair is sorted by expert, so the work is top_k expert MLPs per token, not n_experts.
-No capacity limit and no token dropping, so the output equals HF's per-expert loop exactly.
+top-k probabilities) over SwiGLU experts, computed with sorted grouped matmuls
+(clawjax/models/grouped_matmul.py: megablox on TPU, Mosaic GPU on Hopper, `lax.ragged_dot` elsewhere):
+each (token, choice) pair is sorted by expert, so the work is top_k expert MLPs per token, not n_experts,
+and nothing of size tokens x experts x MLP is ever formed. No capacity limit and no token dropping, so the
+output equals HF's per-expert loop exactly.
 
 Under the learner's mesh (logical axis rules active while tracing, as in `clawjax.sharding.under_mesh`)
 the block runs per shard (`shard_map`), like attention: each device routes only its own tokens (split
@@ -24,6 +26,7 @@ from flax.core import spmd
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
+from clawjax.models.grouped_matmul import grouped_matmul
 from clawjax.models.layers import param
 from clawjax.sharding import logical_to_mesh
 
@@ -41,6 +44,26 @@ def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig) -> tuple[jax.
   return logits_NE, weights_NK, experts_NK
 
 
+@jax.custom_vjp
+def permute_rows(x_MD: jax.Array, perm_M: jax.Array, inverse_M: jax.Array) -> jax.Array:
+  """x[perm], whose gradient is the cotangent gathered by the inverse permutation: autodiff of a gather
+  would scatter-add it instead (atomics on GPU, serialised on TPU)."""
+  del inverse_M
+  return x_MD[perm_M]
+
+
+def _permute_rows_fwd(x_MD, perm_M, inverse_M):
+  return permute_rows(x_MD, perm_M, inverse_M), (perm_M, inverse_M)
+
+
+def _permute_rows_bwd(residuals, g_MD):
+  perm_M, inverse_M = residuals
+  return g_MD[inverse_M], None, None
+
+
+permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
+
+
 def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, up_EDF: jax.Array,
                    down_EFD: jax.Array, cfg: ModelConfig, first_expert: jax.Array | int = 0) -> jax.Array:
   """sum over the top-k choices of weight x expert MLP(x) [N, D], counting only the experts held here:
@@ -49,18 +72,19 @@ def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, u
   n, d = x_ND.shape
   k, e_here = cfg.top_k, gate_EDF.shape[0]
   _, weights_NK, experts_NK = route(x_ND, router_DE, cfg)
-  # Renumbered so the experts held here come first: their pairs lead the sorted order, where
-  # ragged_dot's groups cover them; the pairs of other experts trail, outside every group.
+  # Renumbered so the experts held here come first: their pairs lead the sorted order, where the grouped
+  # matmuls' groups cover them; the pairs of other experts trail, outside every group, where a kernel's
+  # rows are undefined: grouped_matmul zeroes them (in its output, and in the tokens' gradient that
+  # flows back through the permutation below), so other experts' choices add 0 here.
   local_NK = (experts_NK - first_expert) % cfg.n_experts
   order_M = jnp.argsort(local_NK.reshape(-1), stable=True)  # M = N * k (token, choice) pairs
-  x_MD = x_ND[order_M // k]
+  inverse_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(n * k, dtype=order_M.dtype))
+  x_MD = permute_rows(jnp.broadcast_to(x_ND[:, None], (n, k, d)).reshape(n * k, d), order_M, inverse_M)
   group_sizes_E = jnp.bincount(local_NK.reshape(-1), length=e_here).astype(jnp.int32)
-  gate_MF = jax.lax.ragged_dot(x_MD, gate_EDF.astype(cfg.dtype), group_sizes_E)
-  up_MF = jax.lax.ragged_dot(x_MD, up_EDF.astype(cfg.dtype), group_sizes_E)
-  y_MD = jax.lax.ragged_dot(jax.nn.silu(gate_MF) * up_MF, down_EFD.astype(cfg.dtype), group_sizes_E)
-  y_NKD = jnp.zeros_like(y_MD).at[order_M].set(y_MD).reshape(n, k, d)
-  # Rows outside the groups are not defined by ragged_dot's contract: other experts' choices are zeroed.
-  y_NKD = jnp.where((local_NK < e_here)[..., None], y_NKD, 0)
+  gate_MF = grouped_matmul(x_MD, gate_EDF.astype(cfg.dtype), group_sizes_E)
+  up_MF = grouped_matmul(x_MD, up_EDF.astype(cfg.dtype), group_sizes_E)
+  y_MD = grouped_matmul(jax.nn.silu(gate_MF) * up_MF, down_EFD.astype(cfg.dtype), group_sizes_E)
+  y_NKD = permute_rows(y_MD, inverse_M, order_M).reshape(n, k, d)
   return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype))
 
 
@@ -120,16 +144,17 @@ class MoE(nnx.Module):
 
     def one_shard(x_btD, router_dE, gate_edf, up_edf, down_efd):
       b, t, d = x_btD.shape
-      # The tokens are the same on each device of an expert / tensor group, but each device's outputs are
-      # a different part of the sum: marked varying, their gradient is summed over the group (the gather
-      # in this device's sort order leaves them invariant, and the gradient would be one device's part).
-      if summed:
-        x_btD = jax.lax.pcast(x_btD, summed, to="varying")
       first_expert = jax.lax.axis_index(expert_axes) * gate_edf.shape[0] if expert_axes else 0
       out_nD = experts_output(x_btD.reshape(b * t, d), gather(router_dE, router_spec, 0),
                               gather(gate_edf, gate_spec, 1), gather(up_edf, gate_spec, 1),
                               gather(down_efd, down_spec, 2), cfg, first_expert)
       return (jax.lax.psum(out_nD, summed) if summed else out_nD).reshape(b, t, d)
 
+    # check_vma off: the grouped matmuls' kernels (megablox, Mosaic GPU) declare outputs without the
+    # varying-axes type that checking needs. Unchecked, shard_map's transpose sums an input's gradient
+    # over the mesh axes its spec leaves out: the tokens' over the expert / tensor group, each device's
+    # gradient being its part of the psum above (and that psum's transpose meets its output's cotangent
+    # divided by the group's size), the router's over every axis but fsdp (whose gather transposes to a
+    # reduce-scatter).
     return jax.shard_map(one_shard, mesh=mesh, in_specs=(x_spec, router_spec, gate_spec, gate_spec, down_spec),
-                         out_specs=x_spec)(x_BTD, router_DE, gate_EDF, up_EDF, down_EFD)
+                         out_specs=x_spec, check_vma=False)(x_BTD, router_DE, gate_EDF, up_EDF, down_EFD)

@@ -40,6 +40,8 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.engine.url = config_dict.placeholder(str)         # the SGLang server serving model.init
   c.engine.export_dir = config_dict.placeholder(str)  # a path the SGLang server can read
 
+  # expert 1: at 64K tokens a device, fsdp's per-layer gather of the experts should hide behind their
+  # compute; expert parallelism is for fewer tokens a device (clawjax/sharding.py's MeshConfig says when).
   c.mesh = config_dict.ConfigDict({"data": 1, "fsdp": -1, "tensor": 1, "expert": 1})
   # The slice these settings are sized for (experiments/compile.py; figures in BENCHMARKS.md), and the
   # architecture compiled there while model.init is the launch-time placeholder.

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -109,3 +111,31 @@ def rel_err(ours, ref) -> float:
   """max |ours - ref| / max |ref|: the parity metric (elementwise rtol would blow up near zero)."""
   ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
   return float(np.max(np.abs(ours - ref)) / np.max(np.abs(ref)))
+
+
+_RAGGED_DOT = jax.lax.ragged_dot
+
+
+def _nan_outside_groups(y_MN: jax.Array, group_sizes_G: jax.Array) -> jax.Array:
+  return jnp.where((jnp.arange(y_MN.shape[0]) < jnp.sum(group_sizes_G))[:, None], y_MN, jnp.nan)
+
+
+@jax.custom_vjp
+def garbage_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G):
+  """`lax.ragged_dot` with NaN in the rows outside its groups, in its output and its input gradient: what its
+  contract allows a kernel to leave there (tests substitute it for `jax.lax.ragged_dot`)."""
+  return _nan_outside_groups(_RAGGED_DOT(lhs_MK, rhs_GKN, group_sizes_G), group_sizes_G)
+
+
+def _garbage_fwd(lhs_MK, rhs_GKN, group_sizes_G):
+  return garbage_ragged_dot(lhs_MK, rhs_GKN, group_sizes_G), (lhs_MK, rhs_GKN, group_sizes_G)
+
+
+def _garbage_bwd(residuals, dy_MN):
+  lhs_MK, rhs_GKN, group_sizes_G = residuals
+  _, vjp = jax.vjp(lambda x, w: _RAGGED_DOT(x, w, group_sizes_G), lhs_MK, rhs_GKN)
+  dx_MK, dw_GKN = vjp(dy_MN)
+  return _nan_outside_groups(dx_MK, group_sizes_G), dw_GKN, None
+
+
+garbage_ragged_dot.defvjp(_garbage_fwd, _garbage_bwd)
