@@ -10,7 +10,8 @@ results, and the side-by-side ratios of `summary` as far as the parts so far giv
 
   environment   the devices, nvidia-smi, package versions (clawjax.environment).
   kernels       the tree-attention kernel that `attention_impl="pallas"` lowers to here, forward and
-                gradients against dense attention in float32 (max relative errors on small shapes), then
+                gradients against dense attention in float32 (max relative errors on small shapes), the
+                MoE's grouped-matmul kernel against float64 and `lax.ragged_dot`, then
                 one layer's attention on the 8K tree row timed against "blocked"
                 (benchmarks/tree_attention_kernels.py), at the GPU kernel's default tile and at 128.
   learner_8k    the learner's step (Qwen3-8B layer shapes x 4 layers, random init, bf16 compute over f32
@@ -235,10 +236,11 @@ def part_torch_32k(rec: Recorder, small: bool) -> None:
 # ---- kernels, engine, profile, environment -------------------------------------------------------------
 
 def part_kernels(rec: Recorder, small: bool) -> None:
-  from kernel_check import attention_errors  # pylint: disable=import-outside-toplevel
+  from kernel_check import attention_errors, moe_errors  # pylint: disable=import-outside-toplevel
   from tree_attention_kernels import time_kernels  # pylint: disable=import-outside-toplevel
   # On the CPU the kernels run in the Pallas interpreter: small shapes.
   rec.put(attention=attention_errors(**({"row_len": 512, "block": 64, "n_heads": 4, "head_dim": 64} if small else {})))
+  rec.put(moe=moe_errors())
   sizes = _sizes(small)
   tree, _ = _group(sizes["rows"][0], sizes["calls"], seed=sizes["rows"][0])
   shape = ({"heads": 4, "kv_heads": 2, "head_dim": 64} if small else {"heads": 32, "kv_heads": 8, "head_dim": 128})

@@ -4,7 +4,9 @@ scripts/device_check.py's `kernels` part (where the kernels run compiled, not in
   attention_errors()  `attention_impl="pallas"` (Mosaic on TPU, the GPU kernel on a GPU, the interpreter
                       elsewhere) against dense attention in float32 at the highest matmul precision, on the
                       rows of a packed GRPO group: forward and dQ, dK, dV, f32 and bf16 inputs.
-  moe_errors()        the MoE block's grouped matmuls on this platform against `lax.ragged_dot`.
+  moe_errors()        the MoE block's grouped matmul kernel on this platform (Mosaic GPU on a GPU, megablox
+                      on a TPU, megablox in the Pallas interpreter elsewhere) against float64 brute force
+                      and `lax.ragged_dot` (clawjax/models/grouped_matmul_check.py).
 Each returns max errors relative to the reference's largest entry, with the shapes.
 """
 
@@ -51,3 +53,10 @@ def attention_errors(row_len: int = 1024, block: int = 128, n_heads: int = 8, n_
     got = run(pallas_attention, dtype)
     out[jnp.dtype(dtype).name] = {name: _rel(g, w) for name, g, w in zip(("out", "dq", "dk", "dv"), got, want)}
   return out
+
+
+def moe_errors() -> dict[str, Any]:
+  from clawjax.models.grouped_matmul_check import max_errors  # pylint: disable=import-outside-toplevel
+  device = jax.devices()[0]
+  kernel = {"gpu": "mosaic_gpu", "tpu": "megablox"}.get(device.platform, "megablox_interpret")
+  return {"kernel": kernel, **max_errors(kernel, device)}

@@ -31,6 +31,7 @@ class Report:
   model: str
   attention_impl: str
   attention_lowering: str | None     # what the compiled step runs it as (clawjax/aot/lowering.py); None if refused
+  moe_lowering: str | None           # the same for the MoE's experts; None without MoE layers too
   remat: bool
   layers: int
   layers_compiled: tuple[int, ...]
@@ -76,7 +77,7 @@ class Report:
     return "\n".join([
         f"topology      {self.topology}: {self.devices} x {self.chip}, mesh {self.mesh}",
         f"model         {self.model} ({depth}), attention {self.attention_impl} (lowered: {self.attention_lowering}), "
-        f"remat {self.remat}",
+        f"{f'MoE experts lowered: {self.moe_lowering}, ' if self.moe_lowering else ''}remat {self.remat}",
         f"batch         {self.rows} rows x {self.row_len} tokens, {self.micro_batches} micro-batches",
         f"per device    arguments {gib(b['arguments'])}, outputs {gib(b['outputs'])} ({gib(b['aliased'])} "
         f"donated), temporaries {gib(b['temporaries'])}, total {gib(b['total'])} of {gib(self.hbm_bytes_per_device)}"
@@ -137,6 +138,7 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
       topology=slice_name, devices=n, chip=target.chip_name, mesh=dict(mesh.shape), model=spec.model_name,
       attention_impl=spec.model.attention_impl,
       attention_lowering=next((c.attention_lowering for c in compiled if c.attention_lowering), None),
+      moe_lowering=next((c.moe_lowering for c in compiled if c.moe_lowering), None),
       remat=spec.model.remat, layers=layers,
       layers_compiled=tuple(depths), extrapolated=depths != [layers],
       compiler_refused=any(c.refused for c in compiled), bytes_per_device=byte,

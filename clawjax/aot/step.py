@@ -46,6 +46,7 @@ class CompiledStep:
   temp_bytes: int
   compiler_flops: float | None  # XLA's count per device, both programs (loop bodies once); None where it gives none
   attention_lowering: str | None  # clawjax/aot/lowering.py, both programs; None when the compiler refused the step
+  moe_lowering: str | None        # the same for the MoE's experts; also None without MoE layers
   refused: bool = False         # the TPU compiler stopped at its HBM check: temp_bytes is what it asked for
 
 
@@ -109,12 +110,13 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
     return CompiledStep(layers=layers, argument_bytes=state + per_device_bytes((batch, learner.rest)),
                         output_bytes=state, alias_bytes=state,
                         temp_bytes=int(float(oom.group(1)) * _UNITS[oom.group(2)]), compiler_flops=None,
-                        attention_lowering=None, refused=True)
+                        attention_lowering=None, moe_lowering=None, refused=True)
   memory = compiled.memory_analysis()
   costs = [c.cost_analysis() for c in (old_compiled, compiled)]
+  hlo = [c.as_text() for c in (old_compiled, compiled)]
   return CompiledStep(layers=layers, argument_bytes=memory.argument_size_in_bytes,
                       output_bytes=memory.output_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
                       temp_bytes=max(memory.temp_size_in_bytes, old_compiled.memory_analysis().temp_size_in_bytes),
                       compiler_flops=sum(float(c["flops"]) for c in costs)
                       if all(c and "flops" in c for c in costs) else None,
-                      attention_lowering=lowering.attention_lowering(c.as_text() for c in (old_compiled, compiled)))
+                      attention_lowering=lowering.attention_lowering(hlo), moe_lowering=lowering.moe_lowering(hlo))

@@ -149,6 +149,9 @@ _BY_NAME: dict[str, Callable[..., jax.Array]] = {
 KERNELS = tuple(_BY_NAME)
 
 
+SCOPE = "grouped_matmul"
+
+
 def takes(kernel: str, dtype: jnp.dtype) -> bool:
   """Whether `kernel` runs in `dtype`: Hopper's wgmma transposes only 16-bit operands, and both of the
   Mosaic GPU path's gradients need a transpose."""
@@ -163,6 +166,11 @@ def grouped_matmul(x_MK: jax.Array, w_GKN: jax.Array, group_sizes_G: jax.Array, 
   of KERNELS ("megablox_interpret": the TPU kernels in Pallas interpret mode, on any platform)."""
   if kernel is not None and kernel not in _BY_NAME:
     raise ValueError(f"grouped_matmul: kernel {kernel!r} is not one of {KERNELS}")
+  with jax.named_scope(SCOPE):  # clawjax/aot/lowering.py finds the kernel a compiled step got by it
+    return _grouped_matmul(x_MK, w_GKN, group_sizes_G, kernel)
+
+
+def _grouped_matmul(x_MK: jax.Array, w_GKN: jax.Array, group_sizes_G: jax.Array, kernel: str | None) -> jax.Array:
   valid_M1 = (jnp.arange(x_MK.shape[0]) < jnp.sum(group_sizes_G))[:, None]
   args = (jnp.where(valid_M1, x_MK, 0), w_GKN, group_sizes_G.astype(jnp.int32))
   if kernel is None:

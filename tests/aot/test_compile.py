@@ -32,6 +32,7 @@ def test_small_moe_step_fits_v5e_2x2():
   assert report["topology"] == "v5e:2x2" and report["devices"] == 4 and report["fits"]
   assert report["attention_impl"] == "blocked" and report["remat"] and not report["extrapolated"]
   assert report["attention_lowering"] == "xla"  # "blocked" is plain XLA ops on any platform
+  assert report["moe_lowering"] == "mosaic_tpu"  # megablox
   assert report["tokens_per_step"] == 8 * 512
   b = report["bytes_per_device"]
   assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temporaries"] > 0
@@ -49,6 +50,7 @@ def test_h200_step_time_at_the_measured_mfu():
   done = _compile("--json", "--topology=h200:1x1x1")
   assert done.returncode == 0, done.stderr[-2000:]
   report = json.loads(done.stdout)
+  assert report["attention_lowering"] == "xla" and report["moe_lowering"] == "mosaic_gpu"  # blocked; bf16 experts
   seen = report["measured"]
   assert seen["chip"] == "h200" and seen["kind"] == "moe" and seen["date"] and seen["mfu"] == report["measured_mfu"]
   # The same model FLOPs at the measured MFU instead of at the chip's peak.

@@ -36,6 +36,8 @@ def test_small_check_writes_every_part(tmp_path):
   # The kernel checked against dense float32 attention: float32 close, bf16 within its rounding.
   attention = results["kernels"]["attention"]
   assert max(attention["float32"].values()) < 1e-4 and max(attention["bfloat16"].values()) < 5e-2, attention
+  moe = results["kernels"]["moe"]
+  assert moe["kernel"] == "megablox_interpret" and moe["ragged_bf16"]["kernel_dx"] < 8e-3, moe  # NaN rows leak nothing
   timed = results["kernels"]["attention_8k_tile64"]
   assert timed["pallas"]["attention_lowering"] == "interpret" and timed["pallas"]["step_s"] > 0 and timed["blocked"]["step_s"] > 0
 
