@@ -33,7 +33,8 @@ from typing import Any, Literal
 import numpy as np
 from flax import nnx
 
-from clawjax.engine.kv_forward import DecodeRow, KVRunner, PrefillChunk, bucket, engine_devices
+from clawjax.engine.kv_forward import DecodeRow, KVRunner, PrefillChunk, bucket
+from clawjax.engine.placement import engine_devices
 from clawjax.engine.prefix_cache import SlotPrefixCache
 from clawjax.generation import SamplingParams, TokenSink  # every field of SamplingParams is honoured
 

@@ -197,15 +197,6 @@ def _sampling_rows(n: int, rows: list, key_data: list[np.ndarray]) -> SamplingRo
   return SamplingRows(keys, temperature, top_k, top_p)
 
 
-def engine_devices(count: int) -> list[jax.Device]:
-  """The devices of an engine that asks for `count` of its own (EngineConfig.devices): the last `count`
-  local devices; 0: the first local device (shared with a learner in the same process)."""
-  local = jax.local_devices()
-  if count > len(local):
-    raise ValueError(f"EngineConfig.devices={count}: this process has {len(local)} devices")
-  return local[-count:] if count else local[:1]
-
-
 class KVRunner:
   """Prefill and decode for one model architecture and engine configuration (host-side batching), on a
   set of devices: weights split over them along heads / mlp / vocab where those divide (tensor
