@@ -187,12 +187,18 @@ class DecodeRow:
   params: SamplingParams
 
 
-def _sampling_rows(n: int, rows: list, key_data: list[np.ndarray]) -> SamplingRows:
+def cache_dtype(name: str, platform: str) -> jnp.dtype:
+  """EngineConfig.cache_dtype on a platform: "auto" is float32 on CPU (log-probs equal to the learner's
+  to float32 rounding: what the tests check) and bfloat16 on GPU / TPU."""
+  return jnp.dtype(("float32" if platform == "cpu" else "bfloat16") if name == "auto" else name)
+
+
+def _sampling_rows(n: int, rows: list[PrefillChunk] | list[DecodeRow]) -> SamplingRows:
   """Padding rows past len(rows) are greedy (no truncation to compute)."""
   keys, temperature = np.zeros((n, 2), np.uint32), np.zeros(n, np.float32)
   top_k, top_p = np.zeros(n, np.int32), np.ones(n, np.float32)
   for a, row in enumerate(rows):
-    keys[a], temperature[a], top_k[a], top_p[a] = (key_data[a], row.params.temperature, row.params.top_k,
+    keys[a], temperature[a], top_k[a], top_p[a] = (row.key_data, row.params.temperature, row.params.top_k,
                                                    row.params.top_p)
   return SamplingRows(keys, temperature, top_k, top_p)
 
@@ -211,6 +217,7 @@ class KVRunner:
     state = nnx.state(model)
     self._paths = [jax.tree_util.keystr(p) for p, _ in jax.tree.flatten_with_path(state)[0]]
     self._shapes = {p: x.shape for p, x in zip(self._paths, jax.tree.leaves(state))}
+    self._dtypes = {p: x.dtype for p, x in zip(self._paths, jax.tree.leaves(state))}
     self._shardings = jax.tree.leaves(sharding.state_shardings(state, self.mesh))
     self.weight_dtype = jnp.dtype(push_dtype(model.cfg))
     cfg = model.cfg
@@ -224,12 +231,9 @@ class KVRunner:
   def vocab_size(self) -> int:
     return self.model_config.vocab_size
 
+  @property
   def cache_dtype(self) -> jnp.dtype:
-    """EngineConfig.cache_dtype, "auto" resolved: float32 on CPU, bfloat16 on accelerators."""
-    name = self.config.cache_dtype
-    if name == "auto":
-      name = "float32" if self.devices[0].platform == "cpu" else "bfloat16"
-    return jnp.dtype(name)
+    return cache_dtype(self.config.cache_dtype, self.devices[0].platform)
 
   def weights(self, state: nnx.State) -> Weights:
     """The engine's copy of a Decoder state: its leaves in the compute dtype where that is narrower (the
@@ -243,6 +247,15 @@ class KVRunner:
 
   def weight_bytes(self, weights: Weights) -> int:
     return sum(x.nbytes for x in weights)
+
+  def abstract_weights(self) -> list[jax.ShapeDtypeStruct]:
+    """The weights' shapes, dtypes and shardings (for compiling ahead of time)."""
+    dtype = lambda path: self.weight_dtype if jnp.issubdtype(self._dtypes[path], jnp.floating) else self._dtypes[path]
+    return [jax.ShapeDtypeStruct(self._shapes[p], dtype(p), sharding=s) for p, s in zip(self._paths, self._shardings)]
+
+  def abstract_cache(self) -> KVCache:
+    one = jax.ShapeDtypeStruct(self.cache_shape, self.cache_dtype, sharding=self.programs.cache_sharding)
+    return one, one
 
   def _leaves_by_path(self, new: nnx.State) -> dict[str, jax.Array]:
     """Refuses weights of another architecture (a mismatch would otherwise fail inside the engine thread).
@@ -258,7 +271,7 @@ class KVRunner:
     return got
 
   def init_cache(self) -> KVCache:
-    zeros = jax.jit(lambda: jnp.zeros(self.cache_shape, self.cache_dtype()),
+    zeros = jax.jit(lambda: jnp.zeros(self.cache_shape, self.cache_dtype),
                     out_shardings=self.programs.cache_sharding)
     return zeros(), zeros()
 
@@ -269,8 +282,16 @@ class KVRunner:
   def prefill(self, weights: Weights, cache: KVCache, chunks: list[PrefillChunk]
               ) -> tuple[KVCache, np.ndarray, np.ndarray]:
     """Writes each chunk's keys/values into its slot and samples the token that follows each chunk (by
-    chunk; the first output token where a chunk ends its request's input). Padding rows write into slot 0
-    past max_seq_len."""
+    chunk; the first output token where a chunk ends its request's input)."""
+    rows, cache_len = self.prefill_batch(chunks)
+    cache, out_tokens, out_logprobs = _prefill_program(self.programs, weights, cache, self._put(rows),
+                                                       cache_len=cache_len)
+    out_tokens, out_logprobs = jax.device_get((out_tokens, out_logprobs))
+    return cache, out_tokens[:len(chunks)], out_logprobs[:len(chunks)]
+
+  def prefill_batch(self, chunks: list[PrefillChunk]) -> tuple[PrefillRows, int]:
+    """The prefill program's rows (on the host) and attention length. Padding rows write into slot 0 past
+    max_seq_len."""
     b = bucket(len(chunks), 1, self.config.max_slots)
     t = bucket(max(len(c.tokens) for c in chunks), self.config.min_bucket, self.config.prefill_chunk)
     slots, starts = np.zeros(b, np.int32), np.full(b, self.capacity - t, np.int32)
@@ -278,18 +299,23 @@ class KVRunner:
     for a, c in enumerate(chunks):
       slots[a], starts[a], n_valid[a] = c.slot, c.start, len(c.tokens)
       tokens[a, :len(c.tokens)] = c.tokens
-    rows = PrefillRows(slots, tokens, starts, n_valid, _sampling_rows(b, chunks, [c.key_data for c in chunks]))
-    cache_len = bucket(max(c.start for c in chunks) + t, self.config.min_bucket, self.capacity)
-    cache, out_tokens, out_logprobs = _prefill_program(self.programs, weights, cache, self._put(rows),
-                                                       cache_len=cache_len)
-    out_tokens, out_logprobs = jax.device_get((out_tokens, out_logprobs))
-    return cache, out_tokens[:len(chunks)], out_logprobs[:len(chunks)]
+    rows = PrefillRows(slots, tokens, starts, n_valid, _sampling_rows(b, chunks))
+    return rows, bucket(max(c.start for c in chunks) + t, self.config.min_bucket, self.capacity)
 
   def decode(self, weights: Weights, cache: KVCache, rows: list[DecodeRow], steps: int
              ) -> tuple[KVCache, list[np.ndarray], list[np.ndarray]]:
     """Up to `steps` tokens for each row, fewer where it ends (a stop token, its remaining budget): per
-    row, its tokens and their log-probs. Only the running sequences are computed: the batch is padded
-    to a power of two with rows that are over before they start."""
+    row, its tokens and their log-probs."""
+    batch, cache_len = self.decode_batch(rows, steps)
+    cache, out_tokens, out_logprobs, produced = _decode_program(self.programs, weights, cache, self._put(batch),
+                                                                cache_len=cache_len, steps=steps)
+    out_tokens, out_logprobs, produced = jax.device_get((out_tokens, out_logprobs, produced))
+    return (cache, [out_tokens[a, :produced[a]] for a in range(len(rows))],
+            [out_logprobs[a, :produced[a]] for a in range(len(rows))])
+
+  def decode_batch(self, rows: list[DecodeRow], steps: int) -> tuple[DecodeRows, int]:
+    """The decode program's rows (on the host) and attention length. Only the running sequences are
+    computed: the batch is padded to a power of two with rows that are over before they start."""
     n = bucket(len(rows), 1, self.config.max_running or self.config.max_slots)
     slots, tokens, positions = np.zeros(n, np.int32), np.zeros(n, np.int32), np.full(n, self.capacity - 1, np.int32)
     out_steps, remaining = np.zeros(n, np.int32), np.zeros(n, np.int32)
@@ -298,13 +324,7 @@ class KVRunner:
     for a, r in enumerate(rows):
       slots[a], tokens[a], positions[a], out_steps[a], remaining[a] = r.slot, r.token, r.position, r.step, r.remaining
       stop_ids[a, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
-    batch = DecodeRows(slots, tokens, positions, out_steps, remaining, stop_ids,
-                       _sampling_rows(n, rows, [r.key_data for r in rows]))
+    batch = DecodeRows(slots, tokens, positions, out_steps, remaining, stop_ids, _sampling_rows(n, rows))
     # Row a writes positions position .. position + min(steps, remaining) - 1.
     reach = max(r.position + min(steps, r.remaining) for r in rows)
-    cache_len = bucket(reach, self.config.min_bucket, self.capacity)
-    cache, out_tokens, out_logprobs, produced = _decode_program(self.programs, weights, cache, self._put(batch),
-                                                                cache_len=cache_len, steps=steps)
-    out_tokens, out_logprobs, produced = jax.device_get((out_tokens, out_logprobs, produced))
-    return (cache, [out_tokens[a, :produced[a]] for a in range(len(rows))],
-            [out_logprobs[a, :produced[a]] for a in range(len(rows))])
+    return batch, bucket(reach, self.config.min_bucket, self.capacity)
