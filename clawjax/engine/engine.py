@@ -119,6 +119,11 @@ class _Request:
   output_logprobs: list[float] = dataclasses.field(default_factory=list)
   on_tokens: TokensCallback | None = None
 
+  @property
+  def unwritten(self) -> int:
+    """Position of the first input token whose keys/values are not written yet."""
+    return self.cached_tokens + self.prefilled
+
   def remaining(self, max_seq_len: int) -> int:
     """Tokens it may still produce: within max_new_tokens and the engine's max_seq_len."""
     out = len(self.output_ids)
@@ -350,25 +355,23 @@ class Engine:
     while pending:
       group: list[tuple[_Request, int]] = []
       for req in pending:
-        size = min(cfg.prefill_chunk, len(req.input_ids) - req.cached_tokens - req.prefilled)
+        size = min(cfg.prefill_chunk, len(req.input_ids) - req.unwritten)
         longest = max([size] + [n for _, n in group])
         padded = bucket(len(group) + 1, 1, cfg.max_slots) * bucket(longest, cfg.min_bucket, cfg.prefill_chunk)
         if group and padded > cfg.prefill_tokens:
           break
         group.append((req, size))
-      chunks = []
-      for req, size in group:
-        start = req.cached_tokens + req.prefilled
-        chunks.append(PrefillChunk(req.slot, req.input_ids[start:start + size], start, req.key_data, req.sampling))
+      chunks = [PrefillChunk(req.slot, req.input_ids[req.unwritten:req.unwritten + size], req.unwritten, req.key_data,
+                             req.sampling) for req, size in group]
       self._cache, tokens, logprobs = self.runner.prefill(self._weights, self._cache, chunks)
       self._stats.prefill_dispatches += 1
       for (req, size), token, logprob in zip(group, tokens, logprobs):
         self._stats.tokens_prefilled += size
         req.prefilled += size
-        if req.cached_tokens + req.prefilled == len(req.input_ids):
+        if req.unwritten == len(req.input_ids):
           self._prefix.set(req.slot, req.input_ids)
           self._take(req.slot, [token], [logprob])
-      pending = [req for req in pending if req.cached_tokens + req.prefilled < len(req.input_ids)]
+      pending = [req for req in pending if req.unwritten < len(req.input_ids)]
 
   def _decode(self) -> None:
     running = [(s, r) for s, r in enumerate(self._slots) if r is not None]
