@@ -1,11 +1,17 @@
 """The rollout engine: continuous batching of concurrent requests over a slotted KV cache.
 
 One background thread owns the model and the cache. Each loop iteration applies a pending weight update
-(when allowed), admits queued requests into free slots (prefilling only the part of the input that the
-slot's retained prefix does not cover, see prefix_cache.py), then runs one decode step for every active
-slot at once. Requests come in from any thread (`submit`) or from asyncio (`generate`); either can
-follow the tokens as they are sampled (`on_token`, called on the engine thread; `generate`'s
-`on_tokens` runs on the caller's event loop, before the result is delivered).
+(when allowed), admits every queued request that fits into free slots and prefills them together
+(chunked; only the part of each input that the slot's retained prefix does not cover, see
+prefix_cache.py), then runs one decode dispatch: up to k decode steps for every running slot, sampled
+on the device (kv_forward.py), k = `decode_steps` while one request runs alone and `decode_steps_busy`
+while several do. Requests come in from any thread (`submit`) or from asyncio (`generate`); either can
+follow the tokens as they are sampled, a dispatch's run of tokens at a time (`on_tokens`: called on the
+engine thread by `submit`, on the caller's event loop by `generate`, before the result is delivered).
+
+The engine runs on its own devices (`devices` > 0: the last ones of this process; a learner in the same
+process then trains on the others, and new weights move device to device by `jax.device_put`) or on the
+first device, beside a learner there.
 
 Policy versions: the initial weights are version `version` (0 by default) and every update adds 1, or sets
 the version its caller names (a trainer names its RL step; a version never goes back). A request runs entirely on
@@ -27,9 +33,16 @@ from typing import Any, Literal
 import numpy as np
 from flax import nnx
 
-from clawjax.engine.kv_forward import KVRunner
+from clawjax.engine.kv_forward import DecodeRow, KVRunner, PrefillChunk, bucket
+from clawjax.engine.placement import engine_devices
 from clawjax.engine.prefix_cache import SlotPrefixCache
 from clawjax.generation import SamplingParams, TokenSink  # every field of SamplingParams is honoured
+
+# A run of sampled tokens of one request and their log-probs, as one dispatch produced them.
+TokensCallback = Callable[[tuple[int, ...], tuple[float, ...]], None]
+
+
+CACHE_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,9 +50,24 @@ class EngineConfig:
   max_slots: int = 8  # sequences whose keys/values are kept: running ones plus retained prefixes
   max_running: int = 0  # sequences decoded together at most; 0: max_slots (more slots = more prefix reuse)
   max_seq_len: int = 4096  # input + output tokens of one sequence
-  prefill_chunk: int = 512  # longest prefill step; longer inputs are prefilled in chunks
+  prefill_chunk: int = 512  # longest prefill step of one input; longer inputs are prefilled in chunks
+  # Padded tokens (rows x chunk length) of one prefill dispatch: requests admitted together share
+  # dispatches up to it (one chunk always fits); bounds the dispatch's attention scores.
+  prefill_tokens: int = 2048
   min_bucket: int = 16  # shortest padded length; lengths round up to powers of two from here
-  cache_dtype: str = "float32"  # KV cache dtype; float32 keeps log-probs equal to the learner's
+  # Decode steps per dispatch (k): `decode_steps` while one request runs alone (its tokens stream in runs
+  # of k: keep it small for a lone streamed answer), `decode_steps_busy` while several run (fewer host
+  # round trips per token under load). A request that ends mid-dispatch idles its slot for the rest.
+  decode_steps: int = 8
+  decode_steps_busy: int = 16
+  # KV cache dtype. "auto": float32 on CPU (log-probs equal the learner's to float32 rounding), bfloat16
+  # on GPU / TPU (half the cache's memory and reads; exact when the model computes in bfloat16, else a
+  # small log-prob gap, BENCHMARKS.md).
+  cache_dtype: str = "auto"
+  # Devices of the engine's own: the last `devices` of this process's, weights split over them
+  # (tensor parallelism); a learner in the process trains on the others and new weights move device to
+  # device. 0: the first device, shared with a learner there.
+  devices: int = 0
   update_mode: Literal["drain", "abort"] = "drain"  # what a weight update does to requests in flight
   max_queue: int = 4096  # queued requests beyond this are refused as overloaded
   seed: int = 0  # PRNG seed for requests that bring none
@@ -47,9 +75,14 @@ class EngineConfig:
   def __post_init__(self):
     if self.update_mode not in ("drain", "abort"):
       raise ValueError(f"EngineConfig.update_mode={self.update_mode!r}: expected 'drain' or 'abort'")
-    for name in ("max_slots", "max_seq_len", "prefill_chunk", "min_bucket", "max_queue"):
+    if self.cache_dtype not in CACHE_DTYPES:
+      raise ValueError(f"EngineConfig.cache_dtype={self.cache_dtype!r}: expected one of {CACHE_DTYPES}")
+    for name in ("max_slots", "max_seq_len", "prefill_chunk", "prefill_tokens", "min_bucket", "decode_steps",
+                 "decode_steps_busy", "max_queue"):
       if getattr(self, name) < 1:
         raise ValueError(f"EngineConfig.{name}={getattr(self, name)}: must be >= 1")
+    if self.devices < 0:
+      raise ValueError(f"EngineConfig.devices={self.devices}: must be >= 0")
     if not 0 <= self.max_running <= self.max_slots:
       raise ValueError(f"EngineConfig.max_running={self.max_running}: must be in [0, max_slots={self.max_slots}]")
 
@@ -81,9 +114,29 @@ class _Request:
   slot: int = -1
   version: int = -1
   cached_tokens: int = 0
+  prefilled: int = 0  # input tokens past the cached ones whose keys/values are written
   output_ids: list[int] = dataclasses.field(default_factory=list)
   output_logprobs: list[float] = dataclasses.field(default_factory=list)
-  on_token: Callable[[int, float], None] | None = None
+  on_tokens: TokensCallback | None = None
+
+  @property
+  def unwritten(self) -> int:
+    """Position of the first input token whose keys/values are not written yet."""
+    return self.cached_tokens + self.prefilled
+
+  def remaining(self, max_seq_len: int) -> int:
+    """Tokens it may still produce: within max_new_tokens and the engine's max_seq_len."""
+    out = len(self.output_ids)
+    return min(self.sampling.max_new_tokens - out, max_seq_len - len(self.input_ids) - out)
+
+
+@dataclasses.dataclass
+class Stats:
+  """Counters since the engine started."""
+  decode_dispatches: int = 0
+  prefill_dispatches: int = 0
+  tokens_decoded: int = 0  # output tokens sampled by decode dispatches (a request's first comes from its prefill)
+  tokens_prefilled: int = 0  # input tokens computed by prefills (not those reused from the prefix cache)
 
 
 @dataclasses.dataclass
@@ -104,8 +157,9 @@ class Engine:
 
   def __init__(self, model, config: EngineConfig = EngineConfig(), version: int = 0):
     self.config = config
-    self.runner = KVRunner(model, config)
+    self.runner = KVRunner(model, config, engine_devices(config.devices))
     self._weights = self.runner.weights(nnx.state(model))
+    self._stats = Stats()
     self.version = version
     self._cache = self.runner.init_cache()
     self._prefix = SlotPrefixCache(config.max_slots)
@@ -123,13 +177,13 @@ class Engine:
   # ---- public API (any thread) ----
 
   def submit(self, input_ids, sampling: SamplingParams,
-             on_token: Callable[[int, float], None] | None = None) -> concurrent.futures.Future:
-    """Queues a request; the future resolves to a Result or raises EngineError. `on_token(id,
-    logprob)` is called on the engine thread for each sampled token, before the future resolves; it
-    must be quick (it holds up every running sequence)."""
+             on_tokens: TokensCallback | None = None) -> concurrent.futures.Future:
+    """Queues a request; the future resolves to a Result or raises EngineError. `on_tokens(ids,
+    logprobs)` is called on the engine thread with each dispatch's run of sampled tokens, before the
+    future resolves; it must be quick (it holds up every running sequence)."""
     tokens = self._check_request(input_ids, sampling)
     seed = sampling.seed if sampling.seed is not None else int(self._rng.integers(2**63))
-    req = _Request(tokens, sampling, _key_data(seed), concurrent.futures.Future(), on_token=on_token)
+    req = _Request(tokens, sampling, _key_data(seed), concurrent.futures.Future(), on_tokens=on_tokens)
     with self._cv:
       if self._closed:
         raise EngineError("engine is shut down", status=503)
@@ -141,13 +195,13 @@ class Engine:
 
   async def generate(self, input_ids, sampling: SamplingParams,
                      on_tokens: TokenSink | None = None) -> Result:
-    """`submit` from asyncio; `on_tokens([id])` runs on this event loop for each sampled token, all of
-    them before the result is delivered (both travel through the loop's queue, in order)."""
-    on_token = None
+    """`submit` from asyncio; `on_tokens(ids)` runs on this event loop for each run of sampled tokens,
+    all of them before the result is delivered (both travel through the loop's queue, in order)."""
+    forward = None
     if on_tokens is not None:
       loop = asyncio.get_running_loop()
-      on_token = lambda token, logprob: loop.call_soon_threadsafe(on_tokens, (token,))
-    return await asyncio.wrap_future(self.submit(input_ids, sampling, on_token))
+      forward = lambda ids, logprobs: loop.call_soon_threadsafe(on_tokens, ids)
+    return await asyncio.wrap_future(self.submit(input_ids, sampling, forward))
 
   def update_params(self, state, version: int | None = None) -> int:
     """Replaces the weights with `state` (an nnx.State of the same model); returns the new version:
@@ -155,7 +209,9 @@ class Engine:
     trainer does when it first hands its weights to an engine), or the current one + 1.
 
     Blocks until the update is applied (see the module docstring for requests in flight). The weights are
-    copied into the engine's layout here, in the caller's thread; `state` is not modified.
+    copied into the engine's layout and devices here, in the caller's thread (`KVRunner.weights`: from a
+    learner on other devices of this process, device to device); `state` is not modified, and may be
+    donated once this returns.
     """
     if version is not None and version < self.version:
       raise EngineError(f"weight version {version} is below the engine's {self.version}")
@@ -182,9 +238,10 @@ class Engine:
     return self._thread.is_alive() and not self._closed
 
   def stats(self) -> dict[str, int]:
+    """queued, running, version, and the `Stats` counters."""
     with self._cv:
       return {"queued": len(self._queue), "running": sum(r is not None for r in self._slots),
-              "version": self.version}
+              "version": self.version, **dataclasses.asdict(self._stats)}
 
   def close(self) -> None:
     with self._cv:
@@ -222,7 +279,7 @@ class Engine:
         self._apply_control()
         self._admit()
         if any(self._slots):
-          self._decode_step()
+          self._decode()
     except BaseException as e:  # The engine is dead: fail everything rather than hang callers.
       self._fail_all(EngineError(f"engine failed: {e!r}", status=500))
       raise
@@ -263,57 +320,83 @@ class Engine:
     update.done.set_result(self.version)
 
   def _admit(self) -> None:
-    while True:
-      with self._cv:
-        free = [s for s, r in enumerate(self._slots) if r is None]
-        running = len(self._slots) - len(free)
-        # A pending flush or update goes first: it was asked for before the requests queued after it.
-        if (not self._queue or not free or self._updates or self._flush_requested
-            or running >= self._max_running):
-          return
-        req = self._queue.popleft()
-      try:
-        self._prefill(req, free)
-      except Exception as e:
-        req.future.set_exception(EngineError(f"prefill failed: {e!r}", status=500))
-        raise
+    with self._cv:
+      free = [s for s, r in enumerate(self._slots) if r is None]
+      room = min(len(free), self._max_running - (len(self._slots) - len(free)), len(self._queue))
+      # A pending flush or update goes first: it was asked for before the requests queued after it.
+      if self._updates or self._flush_requested:
+        room = 0
+      admitted = [self._queue.popleft() for _ in range(max(room, 0))]
+    for req in admitted:
+      self._place(req, free)
+    try:
+      self._prefill(admitted)
+    except Exception as e:
+      for req in admitted:
+        if not req.future.done():
+          req.future.set_exception(EngineError(f"prefill failed: {e!r}", status=500))
+      raise
 
-  def _prefill(self, req: _Request, free: list[int]) -> None:
+  def _place(self, req: _Request, free: list[int]) -> None:
+    """Gives the request the free slot holding the longest prefix of its input."""
     slot, reuse = self._prefix.choose(req.input_ids, free)
-    n = len(req.input_ids)
+    free.remove(slot)
     # The last input token is always recomputed: its logits give the first output token.
-    start = min(reuse, n - 1)
-    req.slot, req.version, req.cached_tokens = slot, self.version, start
+    req.slot, req.version, req.cached_tokens = slot, self.version, min(reuse, len(req.input_ids) - 1)
     self._slots[slot] = req
     # Until the prefill completes, only the reused part of the slot is trustworthy.
-    self._prefix.set(slot, req.input_ids[:start])
-    while start < n:
-      size = min(self.config.prefill_chunk, n - start)
-      self._cache, token, logprob = self.runner.prefill(
-          self._weights, self._cache, slot, req.input_ids[start:start + size], start,
-          req.key_data, req.sampling)
-      start += size
-    self._prefix.set(slot, req.input_ids)
-    self._append(slot, int(token), float(logprob))
+    self._prefix.set(slot, req.input_ids[:req.cached_tokens])
 
-  def _decode_step(self) -> None:
-    rows = [(s, r.output_ids[-1], len(r.input_ids) + len(r.output_ids) - 1, r.key_data, len(r.output_ids),
-             r.sampling) for s, r in enumerate(self._slots) if r is not None]
-    self._cache, tokens, logprobs = self.runner.decode(self._weights, self._cache, rows)
-    for (slot, *_), token, logprob in zip(rows, tokens, logprobs):
-      self._append(slot, int(token), float(logprob))
+  def _prefill(self, requests: list[_Request]) -> None:
+    """Prefills the requests' inputs past their cached prefixes, a chunk of each of several requests per
+    dispatch (up to `prefill_tokens` padded tokens), and takes each one's first output token."""
+    cfg = self.config
+    pending = list(requests)
+    while pending:
+      group: list[tuple[_Request, int]] = []
+      for req in pending:
+        size = min(cfg.prefill_chunk, len(req.input_ids) - req.unwritten)
+        longest = max([size] + [n for _, n in group])
+        padded = bucket(len(group) + 1, 1, cfg.max_slots) * bucket(longest, cfg.min_bucket, cfg.prefill_chunk)
+        if group and padded > cfg.prefill_tokens:
+          break
+        group.append((req, size))
+      chunks = [PrefillChunk(req.slot, req.input_ids[req.unwritten:req.unwritten + size], req.unwritten, req.key_data,
+                             req.sampling) for req, size in group]
+      self._cache, tokens, logprobs = self.runner.prefill(self._weights, self._cache, chunks)
+      self._stats.prefill_dispatches += 1
+      for (req, size), token, logprob in zip(group, tokens, logprobs):
+        self._stats.tokens_prefilled += size
+        req.prefilled += size
+        if req.unwritten == len(req.input_ids):
+          self._prefix.set(req.slot, req.input_ids)
+          self._take(req.slot, [token], [logprob])
+      pending = [req for req in pending if req.unwritten < len(req.input_ids)]
 
-  def _append(self, slot: int, token: int, logprob: float) -> None:
+  def _decode(self) -> None:
+    running = [(s, r) for s, r in enumerate(self._slots) if r is not None]
+    steps = self.config.decode_steps if len(running) == 1 else self.config.decode_steps_busy
+    rows = [DecodeRow(s, r.output_ids[-1], len(r.input_ids) + len(r.output_ids) - 1, r.key_data, len(r.output_ids),
+                      r.remaining(self.config.max_seq_len), r.sampling) for s, r in running]
+    self._cache, tokens, logprobs = self.runner.decode(self._weights, self._cache, rows, steps)
+    self._stats.decode_dispatches += 1
+    for (slot, _), run, run_logprobs in zip(running, tokens, logprobs):
+      self._stats.tokens_decoded += len(run)
+      self._take(slot, run, run_logprobs)
+
+  def _take(self, slot: int, tokens, logprobs) -> None:
+    """Appends a run of sampled tokens to the slot's request (the device ended the run where the request
+    ends: at its first stop token or at its length limit) and finishes the request if it has ended."""
     req = self._slots[slot]
-    req.output_ids.append(token)
-    req.output_logprobs.append(logprob)
-    if req.on_token is not None:
-      req.on_token(token, logprob)
-    # Keys/values exist for every token except the one just sampled (it is fed in the next step).
-    length = len(req.input_ids) + len(req.output_ids)
-    if token in req.sampling.stop_token_ids:
+    run, run_logprobs = tuple(map(int, tokens)), tuple(map(float, logprobs))
+    req.output_ids.extend(run)
+    req.output_logprobs.extend(run_logprobs)
+    if req.on_tokens is not None and run:
+      req.on_tokens(run, run_logprobs)
+    # Keys/values exist for every token except the last one sampled (it is fed in the next step).
+    if run and run[-1] in req.sampling.stop_token_ids:
       self._finish(slot, "stop")
-    elif len(req.output_ids) >= req.sampling.max_new_tokens or length >= self.config.max_seq_len:
+    elif req.remaining(self.config.max_seq_len) <= 0:
       self._finish(slot, "length")
 
   def _finish(self, slot: int, reason: str) -> None:

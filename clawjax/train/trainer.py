@@ -18,12 +18,14 @@ environment.json (clawjax/environment.py), summary.json, *.png, report.html. Rer
 resumes from the last checkpoint (the config must match config.json, see config.py); a step whose
 rollouts all finished before a crash is replayed from its logs.
 
-Weight push: embedded engine in place (`Engine.update_from_model`); sglang: safetensors export + the
-backend's `update_weights_from_disk` + `flush_cache`, on every replica, the first before any rollout
-(the weights the run starts or resumes from). The policy version is the RL step: every call records the
-version that sampled it, and `batch.max_staleness` bounds how old a trained call may be. A resumed run
-pushes its checkpoint's step, which the engine takes even when it holds a later step's weights (pushed
-before a crash that came before their checkpoint, clawjax.run.session.PolicySession).
+Weight push: embedded engine in place (`Engine.update_from_model`; an engine with devices of its own,
+`engine.options.devices`, gets them device to device while the learner trains on the other devices);
+sglang: safetensors export + the backend's `update_weights_from_disk` + `flush_cache`, on every replica,
+the first before any rollout (the weights the run starts or resumes from). The policy version is the RL
+step: every call records the version that sampled it, and `batch.max_staleness` bounds how old a trained
+call may be. A resumed run pushes its checkpoint's step, which the engine takes even when it holds a
+later step's weights (pushed before a crash that came before their checkpoint,
+clawjax.run.session.PolicySession).
 
 Several processes (cfg.distributed, one per host, the same command on each): each runs its own shim and
 harnesses for its own groups (layout.py), the learner's step is one global step over every process's
@@ -48,6 +50,7 @@ from clawjax import config as config_lib
 from clawjax import distributed, progress, sharding
 from clawjax.calllog import CallLogWriter, RolloutRecord, iter_records
 from clawjax.config import ConfigError
+from clawjax.engine.placement import learner_devices
 from clawjax.models.loading import load_model
 from clawjax.models.model import Decoder
 from clawjax.report.run import write_report
@@ -56,6 +59,7 @@ from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
 from clawjax.run.session import PolicySession, RolloutJob
 from clawjax.run.start import start_run
+from clawjax.serving.backends.embedded import engine_config
 from clawjax.tasks import select_tasks
 from clawjax.train.async_loop import run_async
 from clawjax.train.cold_start import record_demos, run_sft
@@ -103,8 +107,16 @@ class Trainer:
     self.metrics = MetricsWriter(self.workdir, cfg.tensorboard, enabled=self.layout.primary)
     self.ckpt = Checkpointer(self.workdir / "checkpoints", cfg.keep_checkpoints)
     sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert]
-    devices = jax.devices() if -1 in sizes else jax.devices()[:math.prod(sizes)]
+    # An embedded engine with devices of its own (engine.options.devices): the learner keeps the others,
+    # and each push moves the weights device to device.
+    available = learner_devices(self.engine_own_devices)
+    devices = available if -1 in sizes else available[:math.prod(sizes)]
     self.mesh = sharding.make_mesh(cfg.mesh, devices)
+
+  @property
+  def engine_own_devices(self) -> int:
+    cfg = self.cfg.engine
+    return engine_config(cfg.options).devices if cfg.backend == "embedded" else 0
 
   def _pin_config(self) -> None:
     """Writes config.json; a resume (a checkpoint exists) must match the config it started with."""
@@ -142,7 +154,8 @@ class Trainer:
     embedded engine holds whole local arrays: in a multi-process run each process gathers them (a small
     model's case; large ones are served by a remote engine, which reads the export)."""
     if distributed.process_count() == 1 or self.cfg.engine.backend != "embedded":
-      return learner.policy_copy()
+      # An engine on devices of its own copies the weights as it moves them there.
+      return learner.policy_model() if self.engine_own_devices else learner.policy_copy()
     local = lambda tree: jax.tree.map(
         lambda a: jnp.asarray(distributed.gather(a)) if isinstance(a, jax.Array) else a, tree)
     return nnx.merge(learner.policy_def, local(learner.state.params["policy"]), local(learner.policy_rest))

@@ -72,3 +72,16 @@ def test_sft_throughput_benchmark_packs_the_same_tokens_with_less_padding():
   assert unpacked["batches"] == 12 and packed["batches"] < unpacked["batches"]
   assert 0 <= packed["padding_fraction"] < unpacked["padding_fraction"] < 1
   assert packed["tokens_per_s"] > 0 and unpacked["tokens_per_s"] > 0 and out["speedup"] > 0
+
+
+@pytest.mark.slow
+def test_logprob_gap_benchmark_by_cache_dtype():
+  import engine_logprob_gap  # pylint: disable=import-outside-toplevel
+  out = engine_logprob_gap.main(["--toy", "--requests", "2", "--new-tokens", "6"])
+  rows = {(r["compute_dtype"], r["cache_dtype"]): r for r in out["rows"]}
+  assert all(r["tokens"] == 12 for r in rows.values())
+  exact, rounded = rows["float32", "float32"], rows["float32", "bfloat16"]
+  assert exact["max_abs_logp_old_minus_rollout"] < 1e-4 < rounded["max_abs_logp_old_minus_rollout"]
+  # bfloat16 compute: its keys and values are bfloat16 already, so the cache's dtype changes nothing.
+  assert rows["bfloat16", "float32"] == {**rows["bfloat16", "bfloat16"], "cache_dtype": "float32",
+                                         "seconds": rows["bfloat16", "float32"]["seconds"]}

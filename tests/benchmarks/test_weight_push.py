@@ -36,3 +36,16 @@ def test_changes_count_bf16_values_and_whole_tensors():
   c = weight_push._changes(before, after)  # pylint: disable=protected-access
   assert c["values_changed_fraction"] == 2 / 24 and c["tensors_changed_fraction"] == 0.5
   assert c["bytes_in_changed_tensors_fraction"] == 32 / 48 and c["bf16_bytes"] == 48
+
+
+def test_device_move_part_and_its_extrapolation():
+  """The learner's f32 weights on 4 of the 8 CPU devices into an engine's bf16 shardings on the other 4."""
+  out = weight_push.main(["--parts", "device_move", "--export-layers", "1", "--export-experts", "2",
+                          "--export-vocab", "512", "--repeats", "1"])
+  move = out["device_move"]
+  assert (move["learner_devices"], move["engine_devices"], move["dtype"]) == (4, 4, "bfloat16")
+  assert move["bytes"] == move["learner_bytes"] // 2 and move["bytes_per_s"] > 0
+  assert move["bytes"] / 4 <= move["bytes_per_engine_device"] < move["bytes"]  # split, some of it replicated
+  x = out["extrapolation_30b"]["device_move"]
+  assert x["engine_bytes"] == round(weight_push.QWEN3_30B_A3B_PARAMS * move["bytes"] / move["params"])
+  assert x["nvlink4_h100_h200_s"] == round(x["bytes_per_engine_device"] / 450e9, 3)

@@ -33,29 +33,33 @@ def test_concurrent_requests_logprobs_equal_learner_recompute(engine, model):
 
 
 def test_tokens_are_followed_as_they_are_sampled(engine):
-  """on_token (engine thread) sees each token once, in order, before the result; generate's on_tokens
-  runs on the caller's loop, every call before the result arrives there."""
+  """on_tokens (engine thread) sees each dispatch's run of tokens once, in order, before the result: the
+  prefill's first token, then runs of decode_steps; generate's on_tokens runs on the caller's loop, every
+  call before the result arrives there."""
   import asyncio
   import threading
   seen, threads = [], set()
 
-  def on_token(token, logprob):
-    seen.append((token, logprob))
+  def on_tokens(ids, logprobs):
+    seen.append((ids, logprobs))
     threads.add(threading.current_thread().name)
 
-  sampling = SamplingParams(max_new_tokens=7, temperature=1.0, seed=3)
-  r = engine.submit(prompt(12, 9), sampling, on_token).result(timeout=120)
-  assert seen == list(zip(r.output_ids, r.output_logprobs)) and threads == {"clawjax-engine"}
+  sampling = SamplingParams(max_new_tokens=11, temperature=1.0, seed=3)
+  r = engine.submit(prompt(12, 9), sampling, on_tokens).result(timeout=120)
+  assert threads == {"clawjax-engine"}
+  assert [len(ids) for ids, _ in seen] == [1, SMALL.decode_steps, 10 - SMALL.decode_steps]
+  assert sum((ids for ids, _ in seen), ()) == r.output_ids
+  assert sum((lps for _, lps in seen), ()) == r.output_logprobs
 
   async def follow():
     got = []
     result = await engine.generate(prompt(12, 9), sampling, lambda ids: got.append(
-        (list(ids), threading.current_thread() is threading.main_thread())))
+        (tuple(ids), threading.current_thread() is threading.main_thread())))
     return got, result
 
   got, again = asyncio.run(follow())
   assert again.output_ids == r.output_ids  # (seeded)
-  assert got == [([t], True) for t in r.output_ids]
+  assert got == [(ids, True) for ids, _ in seen]
 
 
 def test_greedy_equals_argmax_of_full_forward(engine, model):

@@ -74,3 +74,21 @@ def test_row_draw_depends_only_on_its_key():
   together, _ = sampling.sample(logits_BV, keys, *args)
   alone, _ = sampling.sample(logits_BV[1:2], keys[1:2], *(a[1:2] for a in args))
   assert int(together[1]) == int(alone[0])
+
+
+def test_inverse_cdf_draw_against_float64():
+  """`draw` over 600 tokens (three blocks, the last one partial) with a third of them at probability 0:
+  the float64 inverse CDF's token wherever u is not within float32 rounding of a boundary, and never a
+  token of probability 0, u = 1 included."""
+  rng = np.random.default_rng(3)
+  probs = rng.random(600) * (rng.random(600) > 0.33)
+  probs[-40:] = 0.0  # the distribution ends before the vocabulary does
+  probs /= probs.sum()
+  u = np.concatenate([np.linspace(1e-7, 1.0, 20000), [1.0]])
+  got = np.asarray(sampling.draw(jnp.asarray(np.broadcast_to(probs, (len(u), 600)), jnp.float32),
+                                 jnp.asarray(u, jnp.float32)))
+  cdf = np.cumsum(probs)
+  want = np.searchsorted(cdf, u * cdf[-1], side="left")
+  near_boundary = np.min(np.abs(u[:, None] - cdf[None, probs > 0]), axis=1) < 1e-5
+  assert np.all(probs[got] > 0)
+  assert np.all((got == want) | near_boundary) and np.mean(got == want) > 0.99

@@ -1,0 +1,90 @@
+"""How the engine dispatches its work: k decode steps per dispatch sampled on the device (the same tokens and
+log-probs whatever k is), requests admitted together prefilled together, and the counters that show it."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from clawjax.engine.engine import Engine
+from clawjax.generation import SamplingParams
+from tests.engine.conftest import SMALL, learner_logprobs, prompt
+
+
+def _run(model, config, cases):
+  """Queues every case at once (the engine thread waits for its lock meanwhile), so that they are admitted
+  together; (results in case order, the engine's counters after them)."""
+  eng = Engine(model, config)
+  try:
+    with eng._cv:  # pylint: disable=protected-access
+      futures = [eng.submit(ids, s) for ids, s in cases]
+    return [f.result(timeout=300) for f in futures], eng.stats()
+  finally:
+    eng.close()
+
+
+@pytest.mark.slow
+def test_same_seed_same_tokens_and_logprobs_whatever_the_decode_steps(model):
+  """Requests that end mid-dispatch (a stop token, max_new_tokens, max_seq_len) beside ones that go on:
+  k = 1, 3 and 8 steps per dispatch give the same tokens and log-probs, equal to the learner's."""
+  short = dataclasses.replace(SMALL, max_seq_len=60)  # every position within one 64-key bucket: few compiles
+  free = SamplingParams(max_new_tokens=20, temperature=1.0, seed=22)
+  (probe,), _ = _run(model, dataclasses.replace(short, decode_steps=1), [(prompt(22, 12), free)])
+  stop = probe.output_ids[9]  # ends that request at its first occurrence, at most 10 tokens in
+  cases = [(prompt(20, 7), SamplingParams(max_new_tokens=13, temperature=1.0, seed=20)),
+           (prompt(21, 30), SamplingParams(max_new_tokens=9, temperature=0.7, top_k=20, seed=21)),
+           (prompt(22, 12), dataclasses.replace(free, stop_token_ids=(stop,))),
+           (prompt(23, 45), SamplingParams(max_new_tokens=40, temperature=1.0, seed=23))]  # cut at 60
+  by_k = {k: _run(model, dataclasses.replace(short, decode_steps=k, decode_steps_busy=k), cases) for k in (1, 3, 8)}
+  reference, _ = by_k[1]
+  assert [r.finish_reason for r in reference] == ["length", "length", "stop", "length"]
+  assert [len(r.output_ids) for r in reference] == [13, 9, probe.output_ids.index(stop) + 1, 15]
+  for (ids, s), r in zip(cases, reference):
+    np.testing.assert_allclose(r.output_logprobs, learner_logprobs(model, ids, r.output_ids, s.temperature),
+                               atol=1e-4)
+  for k in (3, 8):
+    results, stats = by_k[k]
+    for want, got in zip(reference, results):
+      assert got.output_ids == want.output_ids and got.finish_reason == want.finish_reason
+      np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=1e-5)
+    assert stats["tokens_decoded"] == sum(len(r.output_ids) - 1 for r in results)
+    # All four run from the first dispatch on, each given k tokens a dispatch until it ends.
+    assert stats["decode_dispatches"] == -(-(max(len(r.output_ids) for r in results) - 1) // k)
+
+
+def test_one_request_decodes_64_tokens_in_8_dispatches(model):
+  """The default k for a lone request: 64 new tokens are the prefill's first and 63 in 8 decode dispatches,
+  streamed as those 9 runs."""
+  eng = Engine(model, dataclasses.replace(SMALL, decode_steps=8))
+  runs = []
+  try:
+    r = eng.submit(prompt(30, 20), SamplingParams(max_new_tokens=64, temperature=1.0, seed=30),
+                   lambda ids, _: runs.append(len(ids))).result(timeout=300)
+    stats = eng.stats()
+  finally:
+    eng.close()
+  assert len(r.output_ids) == 64 and runs == [1] + [8] * 7 + [7]
+  assert (stats["prefill_dispatches"], stats["decode_dispatches"], stats["tokens_decoded"]) == (1, 8, 63)
+  assert stats["tokens_prefilled"] == 20
+
+
+def test_requests_admitted_together_are_prefilled_together(model):
+  """Three requests queued at once (one longer than a prefill chunk): their first chunks in one dispatch, the
+  long one's rest in a second; the results equal those of each request alone."""
+  cases = [(prompt(40 + i, n), SamplingParams(max_new_tokens=5, temperature=1.0, seed=i))
+           for i, n in enumerate((5, 70, 33))]
+  together, stats = _run(model, SMALL, cases)
+  assert stats["prefill_dispatches"] == 2 and stats["tokens_prefilled"] == 5 + 70 + 33
+  for case, got in zip(cases, together):
+    (alone,), _ = _run(model, SMALL, [case])
+    assert got.output_ids == alone.output_ids
+    np.testing.assert_allclose(got.output_logprobs, alone.output_logprobs, atol=1e-5)
+    np.testing.assert_allclose(got.output_logprobs, learner_logprobs(model, case[0], got.output_ids, 1.0),
+                               atol=1e-4)
+
+
+def test_prefill_dispatches_hold_at_most_prefill_tokens(model):
+  """A budget of two padded 64-token chunks: the three requests' first chunks take two dispatches."""
+  cases = [(prompt(50 + i, n), SamplingParams(max_new_tokens=2, temperature=0.0)) for i, n in enumerate((5, 70, 33))]
+  _, stats = _run(model, dataclasses.replace(SMALL, prefill_tokens=128), cases)
+  assert stats["prefill_dispatches"] == 2  # [5, 64 of 70], then [6 of 70, 33]
