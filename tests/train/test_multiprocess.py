@@ -1,9 +1,9 @@
 """Two processes on this machine as two hosts (JAX's multi-controller runtime, CPU gloo collectives, two
 devices each), the command of the README's cluster section: each process runs its own shim, harnesses
 and groups, the learner's step spans both, and process 0 writes the run's files once. Then the same
-commands with one more step resume from the checkpoint and add exactly that step; and a run killed
-(kill -9, both processes) in the middle of a step resumes and completes. Also one RL step's updates on two
-processes against one process on the same groups (tests/train/rl_update_worker.py)."""
+commands with more steps resume from the checkpoint; killed (kill -9, both processes) in the middle of a
+step, they have added exactly the steps before it, and the next run completes them. Also one RL step's
+updates on two processes against one process on the same groups (tests/train/rl_update_worker.py)."""
 from __future__ import annotations
 
 import json
@@ -58,10 +58,8 @@ def test_two_processes_train_resume_and_survive_a_kill(tmp_path):
   assert rows[0]["rollouts"] == 8 and rows[0]["rollouts_ok"] == 8  # both processes' rollouts, counted once
   assert json.loads((workdir / "summary.json").read_text())["num_processes"] == 2
 
-  _run(workdir, 3, "resume")
-  assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3]
-
-  # kill -9 of both processes once step 4's learner is running, then the same command again.
+  # The same command with more steps resumes from step 2; kill -9 of both processes once step 4's learner is
+  # running leaves exactly step 3 added, and the same command again completes the run.
   procs = processes.start(_argv(workdir, 5, []), tmp_path, "killed")
   log = tmp_path / "killed.process_0.log"
   deadline = time.time() + 600
@@ -71,6 +69,7 @@ def test_two_processes_train_resume_and_survive_a_kill(tmp_path):
   for p in procs:
     p.send_signal(signal.SIGKILL)
     p.wait()
+  assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3]
   _run(workdir, 5, "after_kill")
   assert [r["step"] for r in _rl_steps(workdir)] == [1, 2, 3, 4, 5]
 
