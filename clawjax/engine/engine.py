@@ -55,6 +55,9 @@ class EngineConfig:
   # dispatches up to it (one chunk always fits); bounds the dispatch's attention scores.
   prefill_tokens: int = 2048
   min_bucket: int = 16  # shortest padded length; lengths round up to powers of two from here
+  # Cached keys attended in one score array; longer reaches are read from the cache block by block (online
+  # softmax), up to the last block a query reaches.
+  attention_block: int = 512
   # Decode steps per dispatch (k): `decode_steps` while one request runs alone (its tokens stream in runs
   # of k: keep it small for a lone streamed answer), `decode_steps_busy` while several run (fewer host
   # round trips per token under load). A request that ends mid-dispatch idles its slot for the rest.
@@ -77,8 +80,8 @@ class EngineConfig:
       raise ValueError(f"EngineConfig.update_mode={self.update_mode!r}: expected 'drain' or 'abort'")
     if self.cache_dtype not in CACHE_DTYPES:
       raise ValueError(f"EngineConfig.cache_dtype={self.cache_dtype!r}: expected one of {CACHE_DTYPES}")
-    for name in ("max_slots", "max_seq_len", "prefill_chunk", "prefill_tokens", "min_bucket", "decode_steps",
-                 "decode_steps_busy", "max_queue"):
+    for name in ("max_slots", "max_seq_len", "prefill_chunk", "prefill_tokens", "min_bucket", "attention_block",
+                 "decode_steps", "decode_steps_busy", "max_queue"):
       if getattr(self, name) < 1:
         raise ValueError(f"EngineConfig.{name}={getattr(self, name)}: must be >= 1")
     if self.devices < 0:

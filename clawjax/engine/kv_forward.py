@@ -39,10 +39,12 @@ from clawjax import sharding
 from clawjax.engine import sampling
 from clawjax.generation import SamplingParams
 from clawjax.models.attention import masked_attention
+from clawjax.models.layers import einsum_f32
 from clawjax.models.hf_io import push_dtype
 
 KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
 Weights = list[jax.Array]  # the leaves of the model's nnx.State, in the engine's shardings
+_NEG = -1e30  # finite "minus infinity", as in clawjax/models/attention.py: fully masked rows stay free of NaN
 STOP_BUCKET = 4  # stop-token lists are padded to a power of two from here (one program for the usual 1-4)
 
 
@@ -69,9 +71,11 @@ class Programs:
   treedef: Any
   capacity: int
   cache_sharding: NamedSharding
+  attention_block: int
 
   def __post_init__(self):
-    object.__setattr__(self, "_hash", hash((self.graphdef, self.treedef, self.capacity, self.cache_sharding)))
+    object.__setattr__(self, "_hash", hash((self.graphdef, self.treedef, self.capacity, self.cache_sharding,
+                                            self.attention_block)))
 
   def __hash__(self) -> int:
     return self._hash
@@ -119,21 +123,61 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
   model = programs.model(weights)
   k_cache, v_cache = cache
   slots_B1 = slots_B[:, None]
-  mask_BTS = jnp.arange(cache_len)[None, None, :] <= positions_BT[:, :, None]
   x_BTD = model.embed(tokens_BT)
   for i, layer in enumerate(model.layers):
     q_BTNH, k_BTKH, v_BTKH = layer.attn.project_qkv(layer.attn_norm(x_BTD), positions_BT)
     k_cache = k_cache.at[i, slots_B1, :, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
     v_cache = v_cache.at[i, slots_B1, :, write_positions_BT].set(v_BTKH.astype(v_cache.dtype))
-    # Each slot's keys of one head are contiguous: the rows' reads are block copies, already in the
-    # layout the attention's matmuls take.
-    k_BSKH = k_cache[i, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
-    v_BSKH = v_cache[i, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
-    o_BTNH = masked_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS)
+    o_BTNH = cached_attention(q_BTNH, k_cache, v_cache, i, slots_B, positions_BT, cache_len,
+                              programs.attention_block)
     x_BTD = x_BTD + _project_out(layer.attn, o_BTNH)
     x_BTD = x_BTD + layer.mlp(layer.mlp_norm(x_BTD))
   cache = tuple(jax.lax.with_sharding_constraint(c, programs.cache_sharding) for c in (k_cache, v_cache))
   return model, x_BTD, cache
+
+
+def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: int, slots_B: jax.Array,
+                     positions_BT: jax.Array, cache_len: int, block: int) -> jax.Array:
+  """The queries' attention to their slots' cached keys at positions <= their own, among the first
+  `cache_len`.
+
+  Up to `block` keys, one [T, S] score array. Beyond it, an online softmax over key blocks read from the
+  cache in place, stopping after the last block any query reaches: a 2,048-token prefill chunk of a 64K
+  context would otherwise hold [heads, 2,048, 65,536] float32 scores per row (17 GB at 32 heads), and the
+  rows' keys would be copied out of the cache whole in every layer.
+  """
+  if cache_len <= block:
+    # Each slot's keys of one head are contiguous: the rows' reads are block copies, already in the
+    # layout the attention's matmuls take.
+    k_BSKH = k_cache[layer, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
+    v_BSKH = v_cache[layer, slots_B, :, :cache_len].swapaxes(1, 2).astype(q_BTNH.dtype)
+    return masked_attention(q_BTNH, k_BSKH, v_BSKH, jnp.arange(cache_len)[None, None, :] <= positions_BT[:, :, None])
+  b, t, n, h = q_BTNH.shape
+  kv = k_cache.shape[2]
+  q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
+  slots_B1 = slots_B[:, None]
+
+  def key_block(j, carry):
+    m_BKGT, l_BKGT, acc_BKGTH = carry
+    index_S = j * block + jnp.arange(block)
+    k_BSKH = k_cache[layer, slots_B1, :, index_S[None]].astype(q_BTNH.dtype)
+    v_BSKH = v_cache[layer, slots_B1, :, index_S[None]].astype(q_BTNH.dtype)
+    mask_B11TS = (index_S[None, None, :] <= positions_BT[:, :, None])[:, None, None]
+    s_BKGTS = jnp.where(mask_B11TS, einsum_f32("btkgh,bskh->bkgts", q_BTKGH, k_BSKH) * h ** -0.5, _NEG)
+    m_new = jnp.maximum(m_BKGT, jnp.max(s_BKGTS, axis=-1))
+    p_BKGTS = jnp.where(mask_B11TS, jnp.exp(s_BKGTS - m_new[..., None]), 0.0)
+    correction = jnp.exp(m_BKGT - m_new)
+    pv_BKGTH = jnp.einsum("bkgts,bskh->bkgth", p_BKGTS.astype(v_BSKH.dtype), v_BSKH,
+                          preferred_element_type=jnp.float32)
+    return m_new, l_BKGT * correction + jnp.sum(p_BKGTS, axis=-1), acc_BKGTH * correction[..., None] + pv_BKGTH
+
+  g = n // kv
+  init = (jnp.full((b, kv, g, t), _NEG, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
+          jnp.zeros((b, kv, g, t, h), jnp.float32))
+  reached = jnp.max(positions_BT) // block + 1  # cache_len covers every query: at most cache_len // block
+  _, l_BKGT, acc_BKGTH = jax.lax.fori_loop(0, reached, key_block, init)
+  out_BKGTH = acc_BKGTH / jnp.where(l_BKGT > 0, l_BKGT, 1.0)[..., None]
+  return jnp.einsum("bkgth->btkgh", out_BKGTH).reshape(b, t, n, h).astype(q_BTNH.dtype)
 
 
 # Module-level jitted programs: engines over the same architecture share compilations.
@@ -244,7 +288,7 @@ class KVRunner:
     self.cache_shape = (cfg.n_layers, config.max_slots, cfg.n_kv_heads, self.capacity, cfg.head_dim)
     cache_spec = sharding.logical_to_mesh((None, None, "kv_heads", None, None), self.cache_shape, self.mesh)
     self.programs = Programs(nnx.graphdef(model), jax.tree.structure(state), self.capacity,
-                             NamedSharding(self.mesh, cache_spec))
+                             NamedSharding(self.mesh, cache_spec), config.attention_block)
     self._replicated = NamedSharding(self.mesh, P())
 
   @property

@@ -1,11 +1,14 @@
 """How the engine dispatches its work: k decode steps per dispatch sampled on the device (the same tokens and
-log-probs whatever k is), requests admitted together prefilled together, and the counters that show it."""
+log-probs whatever k is), requests admitted together prefilled together, the counters that show it, and
+cached keys read block by block."""
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from clawjax.engine import kv_forward
 from clawjax.engine.engine import Engine
 from clawjax.generation import SamplingParams
 from tests.engine.conftest import SMALL, learner_logprobs, prompt
@@ -88,3 +91,42 @@ def test_prefill_dispatches_hold_at_most_prefill_tokens(model):
   cases = [(prompt(50 + i, n), SamplingParams(max_new_tokens=2, temperature=0.0)) for i, n in enumerate((5, 70, 33))]
   _, stats = _run(model, dataclasses.replace(SMALL, prefill_tokens=128), cases)
   assert stats["prefill_dispatches"] == 2  # [5, 64 of 70], then [6 of 70, 33]
+
+
+def test_cached_attention_by_key_blocks_equals_float64_brute_force():
+  """The queries' attention to their slots' cached keys, read in blocks of 16 (online softmax, stopping after
+  the last block any query reaches) and in one score array: both equal float64 brute force. Rows of one
+  call reach different lengths; GQA, 4 query heads over 2 cached ones."""
+  rng = np.random.default_rng(0)
+  layers, slots, kv, capacity, h, n, t = 2, 5, 2, 160, 8, 4, 6
+  k_cache, v_cache = (rng.normal(size=(layers, slots, kv, capacity, h)).astype(np.float32) for _ in range(2))
+  slots_B = np.array([3, 0, 4], np.int32)
+  positions_BT = np.array([40, 90, 61], np.int32)[:, None] + np.arange(t, dtype=np.int32)[None]  # < 128
+  q_BTNH = rng.normal(size=(3, t, n, h)).astype(np.float32)
+
+  want = np.zeros(q_BTNH.shape)
+  for b, slot in enumerate(slots_B):
+    for i, pos in enumerate(positions_BT[b]):
+      for head in range(n):
+        k_SH, v_SH = (c[1, slot, head // (n // kv), :pos + 1].astype(np.float64) for c in (k_cache, v_cache))
+        s_S = k_SH @ q_BTNH[b, i, head].astype(np.float64) / np.sqrt(h)
+        p_S = np.exp(s_S - s_S.max())
+        want[b, i, head] = p_S @ v_SH / p_S.sum()
+  for block in (16, 128):  # 128 = cache_len: one score array
+    got = kv_forward.cached_attention(jnp.asarray(q_BTNH), jnp.asarray(k_cache), jnp.asarray(v_cache), 1,
+                                      jnp.asarray(slots_B), jnp.asarray(positions_BT), 128, block)
+    np.testing.assert_allclose(np.asarray(got), want, atol=2e-6)
+
+
+def test_keys_read_block_by_block_give_the_same_tokens_and_logprobs(model):
+  """An engine whose attention reads cached keys 16 at a time (every cache bucket here is longer) samples
+  what one with a single score array samples, requests of different lengths admitted together."""
+  cases = [(prompt(50 + i, n), SamplingParams(max_new_tokens=12, temperature=1.0, seed=i))
+           for i, n in enumerate((9, 70, 130))]
+  one_array, _ = _run(model, SMALL, cases)
+  by_block, _ = _run(model, dataclasses.replace(SMALL, attention_block=16), cases)
+  for (ids, s), want, got in zip(cases, one_array, by_block):
+    assert got.output_ids == want.output_ids
+    np.testing.assert_allclose(got.output_logprobs, want.output_logprobs, atol=1e-5)
+    np.testing.assert_allclose(got.output_logprobs, learner_logprobs(model, ids, got.output_ids, s.temperature),
+                               atol=1e-4)
