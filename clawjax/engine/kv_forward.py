@@ -38,13 +38,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from clawjax import sharding
 from clawjax.engine import sampling
 from clawjax.generation import SamplingParams
-from clawjax.models.attention import masked_attention
+from clawjax.models.attention import (masked_attention, online_softmax_init, online_softmax_result,
+                                      online_softmax_step)
 from clawjax.models.layers import einsum_f32
 from clawjax.models.hf_io import push_dtype
 
 KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
 Weights = list[jax.Array]  # the leaves of the model's nnx.State, in the engine's shardings
-_NEG = -1e30  # finite "minus infinity", as in clawjax/models/attention.py: fully masked rows stay free of NaN
 STOP_BUCKET = 4  # stop-token lists are padded to a power of two from here (one program for the usual 1-4)
 
 
@@ -158,26 +158,16 @@ def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, 
   slots_B1 = slots_B[:, None]
 
   def key_block(j, carry):
-    m_BKGT, l_BKGT, acc_BKGTH = carry
     index_S = j * block + jnp.arange(block)
     k_BSKH = k_cache[layer, slots_B1, :, index_S[None]].astype(q_BTNH.dtype)
     v_BSKH = v_cache[layer, slots_B1, :, index_S[None]].astype(q_BTNH.dtype)
     mask_B11TS = (index_S[None, None, :] <= positions_BT[:, :, None])[:, None, None]
-    s_BKGTS = jnp.where(mask_B11TS, einsum_f32("btkgh,bskh->bkgts", q_BTKGH, k_BSKH) * h ** -0.5, _NEG)
-    m_new = jnp.maximum(m_BKGT, jnp.max(s_BKGTS, axis=-1))
-    p_BKGTS = jnp.where(mask_B11TS, jnp.exp(s_BKGTS - m_new[..., None]), 0.0)
-    correction = jnp.exp(m_BKGT - m_new)
-    pv_BKGTH = jnp.einsum("bkgts,bskh->bkgth", p_BKGTS.astype(v_BSKH.dtype), v_BSKH,
-                          preferred_element_type=jnp.float32)
-    return m_new, l_BKGT * correction + jnp.sum(p_BKGTS, axis=-1), acc_BKGTH * correction[..., None] + pv_BKGTH
+    s_BKGTS = einsum_f32("btkgh,bskh->bkgts", q_BTKGH, k_BSKH) * h ** -0.5
+    return online_softmax_step(carry, s_BKGTS, mask_B11TS, v_BSKH)
 
-  g = n // kv
-  init = (jnp.full((b, kv, g, t), _NEG, jnp.float32), jnp.zeros((b, kv, g, t), jnp.float32),
-          jnp.zeros((b, kv, g, t, h), jnp.float32))
   reached = jnp.max(positions_BT) // block + 1  # cache_len covers every query: at most cache_len // block
-  _, l_BKGT, acc_BKGTH = jax.lax.fori_loop(0, reached, key_block, init)
-  out_BKGTH = acc_BKGTH / jnp.where(l_BKGT > 0, l_BKGT, 1.0)[..., None]
-  return jnp.einsum("bkgth->btkgh", out_BKGTH).reshape(b, t, n, h).astype(q_BTNH.dtype)
+  carry = jax.lax.fori_loop(0, reached, key_block, online_softmax_init((b, kv, n // kv, t), h))
+  return jnp.einsum("bkgth->btkgh", online_softmax_result(carry)).reshape(b, t, n, h).astype(q_BTNH.dtype)
 
 
 # Module-level jitted programs: engines over the same architecture share compilations.

@@ -20,7 +20,8 @@ device holding only padding rows skips them all.
 
 Engine hook: `Attention.project_qkv` / `Attention.project_out` expose the projections around the kernel,
 and `tree_mask` / `masked_attention` take queries and keys of different lengths (a KV cache) with the
-queries at explicit row indices.
+queries at explicit row indices; `online_softmax_*` is the per-key-block update of "blocked", which the
+engine's attention to long caches runs too.
 """
 
 from __future__ import annotations
@@ -85,6 +86,33 @@ def block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block: int) -> 
   return (k_start < q_start + block) & jnp.any(segments_overlap_B & subtree_reaches_B)
 
 
+OnlineSoftmax = tuple[jax.Array, jax.Array, jax.Array]  # running max, normaliser [B, K, G, Q]; accumulator [B, K, G, Q, H]
+
+
+def online_softmax_init(shape_BKGQ: tuple[int, ...], head_dim: int) -> OnlineSoftmax:
+  return (jnp.full(shape_BKGQ, _NEG, jnp.float32), jnp.zeros(shape_BKGQ, jnp.float32),
+          jnp.zeros((*shape_BKGQ, head_dim), jnp.float32))
+
+
+def online_softmax_step(carry: OnlineSoftmax, s_BKGQS: jax.Array, mask_B11QS: jax.Array,
+                        v_BSKH: jax.Array) -> OnlineSoftmax:
+  """One key block of a flash-attention softmax: float32 scores [B, K, G, Q, S] of the block's keys, which
+  of them each query sees, and their values."""
+  m_BKGQ, l_BKGQ, acc_BKGQH = carry
+  s_BKGQS = jnp.where(mask_B11QS, s_BKGQS, _NEG)
+  m_new = jnp.maximum(m_BKGQ, jnp.max(s_BKGQS, axis=-1))
+  p_BKGQS = jnp.where(mask_B11QS, jnp.exp(s_BKGQS - m_new[..., None]), 0.0)
+  correction = jnp.exp(m_BKGQ - m_new)
+  pv_BKGQH = einsum_f32("bkgqs,bskh->bkgqh", p_BKGQS.astype(v_BSKH.dtype), v_BSKH)
+  return m_new, l_BKGQ * correction + jnp.sum(p_BKGQS, axis=-1), acc_BKGQH * correction[..., None] + pv_BKGQH
+
+
+def online_softmax_result(carry: OnlineSoftmax) -> jax.Array:
+  """[B, K, G, Q, H] float32 attention outputs; 0 for a query that saw no key."""
+  _, l_BKGQ, acc_BKGQH = carry
+  return acc_BKGQH / jnp.where(l_BKGQ > 0, l_BKGQ, 1.0)[..., None]
+
+
 def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
   """Same contract as `dense_attention`: an outer map over query blocks, an inner scan over key blocks
   with running (max, normaliser, accumulator); both bodies rematerialised in the backward pass."""
@@ -115,24 +143,16 @@ def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *,
       k_start, k_BKKH, v_BKKH, k_seg_BK, k_end_BK = kv_args
 
       def update(carry):
-        m_BKGQ, l_BKGQ, acc_BKGQH = carry
         mask_B11QK = tree_mask(q_index_BQ, q_seg_BQ, k_seg_BK, k_end_BK, k_start)[:, None, None]
         s_BKGQK = einsum_f32("bqkgh,bskh->bkgqs", q_BQKGH, k_BKKH) * scale
-        s_BKGQK = jnp.where(mask_B11QK, s_BKGQK, _NEG)
-        m_new = jnp.maximum(m_BKGQ, jnp.max(s_BKGQK, axis=-1))
-        p_BKGQK = jnp.where(mask_B11QK, jnp.exp(s_BKGQK - m_new[..., None]), 0.0)
-        correction = jnp.exp(m_BKGQ - m_new)
-        l_new = l_BKGQ * correction + jnp.sum(p_BKGQK, axis=-1)
-        pv = einsum_f32("bkgqs,bskh->bkgqh", p_BKGQK.astype(v_BKKH.dtype), v_BKKH)
-        return m_new, l_new, acc_BKGQH * correction[..., None] + pv
+        return online_softmax_step(carry, s_BKGQK, mask_B11QK, v_BKKH)
 
       needed = block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block)
       return jax.lax.cond(needed, update, lambda c: c, carry), None
 
-    init = (jnp.full((b, kv, g, block), _NEG, jnp.float32), jnp.zeros((b, kv, g, block), jnp.float32),
-            jnp.zeros((b, kv, g, block, h), jnp.float32))
-    (_, l_BKGQ, acc_BKGQH), _ = jax.lax.scan(kv_step, init, (starts_n, k_nBKKH, v_nBKKH, seg_nBQ, end_nBQ))
-    out_BKGQH = acc_BKGQH / jnp.where(l_BKGQ > 0, l_BKGQ, 1.0)[..., None]
+    init = online_softmax_init((b, kv, g, block), h)
+    carry, _ = jax.lax.scan(kv_step, init, (starts_n, k_nBKKH, v_nBKKH, seg_nBQ, end_nBQ))
+    out_BKGQH = online_softmax_result(carry)
     return jnp.einsum("bkgqh->bqkgh", out_BKGQH).astype(q_BQKGH.dtype)
 
   out_nBQKGH = jax.lax.map(one_query_block, (starts_n, q_nBQKGH, seg_nBQ))
