@@ -67,6 +67,11 @@ class EngineConfig:
   # on GPU / TPU (half the cache's memory and reads; exact when the model computes in bfloat16, else a
   # small log-prob gap, BENCHMARKS.md).
   cache_dtype: str = "auto"
+  # A second copy of the dense Linears laid out [outputs, inputs], read by dispatches of one row (a
+  # request decoding alone): XLA's CPU matrix-vector product over it is ~1.3 x faster, while its products of
+  # 2-32 rows are slower than over the model's layout, which every other dispatch reads. "auto": on for
+  # CPU, off for GPU / TPU (their memory holds the weights once); "on" / "off".
+  one_row_copy: str = "auto"
   # Devices of the engine's own: the last `devices` of this process's, weights split over them
   # (tensor parallelism); a learner in the process trains on the others and new weights move device to
   # device. 0: the first device, shared with a learner there.
@@ -78,6 +83,8 @@ class EngineConfig:
   def __post_init__(self):
     if self.update_mode not in ("drain", "abort"):
       raise ValueError(f"EngineConfig.update_mode={self.update_mode!r}: expected 'drain' or 'abort'")
+    if self.one_row_copy not in ("auto", "on", "off"):
+      raise ValueError(f"EngineConfig.one_row_copy={self.one_row_copy!r}: expected 'auto', 'on' or 'off'")
     if self.cache_dtype not in CACHE_DTYPES:
       raise ValueError(f"EngineConfig.cache_dtype={self.cache_dtype!r}: expected one of {CACHE_DTYPES}")
     for name in ("max_slots", "max_seq_len", "prefill_chunk", "prefill_tokens", "min_bucket", "attention_block",

@@ -14,6 +14,9 @@ The host receives [rows, steps] tokens and log-probs and how many of them each r
 Prefill: one dispatch computes a chunk of the input of each of several requests, and samples the token
 that follows each (used where the chunk is a request's last).
 
+The weights are the model's leaves in the engine's shardings and, where `EngineConfig.one_row_copy` is on,
+a second copy of the dense Linears laid out [outputs, inputs] that dispatches of one row read
+(weight_layout.py): XLA's CPU matrix-vector product is faster over it, its products of 2-32 rows slower.
 The layers are unrolled, over one array per weight: on CPU a `lax.scan` over stacked weights copies
 each layer's slice before its matmuls (half of a SmolLM2-135M decode step), and an unrolled decode is
 what accelerator engines run too. A compile costs every layer.
@@ -37,25 +40,75 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clawjax import sharding
 from clawjax.engine import sampling
+from clawjax.engine.weight_layout import engine_shape, engine_sharding, input_dims, linear, to_engine
 from clawjax.generation import SamplingParams
 from clawjax.models.attention import (masked_attention, online_softmax_init, online_softmax_result,
                                       online_softmax_step)
-from clawjax.models.layers import einsum_f32
 from clawjax.models.hf_io import push_dtype
+from clawjax.models.layers import MLP, einsum_f32
 
 KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
-Weights = list[jax.Array]  # the leaves of the model's nnx.State, in the engine's shardings
+# (the model's nnx.State leaves in the engine's shardings, the one-row copy of its Linears or [])
+Weights = tuple[list[jax.Array], list[jax.Array]]
 STOP_BUCKET = 4  # stop-token lists are padded to a power of two from here (one program for the usual 1-4)
 
 
-def _project_out(attn, o_BTNH: jax.Array) -> jax.Array:
-  """`attn.project_out` as one contraction over the flattened (heads, head_dim): with both dims contracted,
-  XLA's CPU backend transposes the whole weight at every call, a third of a one-token SmolLM2-135M decode
-  step. (The learner keeps the model's own: its steps are large, and remat and plain steps agree to 1e-5
-  with it.)"""
-  b, t, n, h = o_BTNH.shape
-  w_MD = attn.o_proj[...].astype(attn.cfg.dtype).reshape(n * h, -1)
-  return o_BTNH.astype(attn.cfg.dtype).reshape(b, t, n * h) @ w_MD
+class ModelLayout:
+  """Projections over the model's own weights (every dispatch of several rows, or without a one-row copy)."""
+
+  @staticmethod
+  def qkv(attn, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return attn.project_qkv(x_BTD, positions_BT)
+
+  @staticmethod
+  def out(attn, o_BTNH: jax.Array) -> jax.Array:
+    """`attn.project_out` as one contraction over the flattened (heads, head_dim): with both dims
+    contracted, XLA's CPU backend transposes the whole weight at every call, a third of a one-token
+    SmolLM2-135M decode step. (The learner keeps the model's own: its steps are large, and remat and
+    plain steps agree to 1e-5 with it.)"""
+    b, t, n, h = o_BTNH.shape
+    w_MD = attn.o_proj[...].astype(attn.cfg.dtype).reshape(n * h, -1)
+    return o_BTNH.astype(attn.cfg.dtype).reshape(b, t, n * h) @ w_MD
+
+  @staticmethod
+  def mlp(mlp, x_BTD: jax.Array) -> jax.Array:
+    return mlp(x_BTD)
+
+  @staticmethod
+  def logits(model, x_BD: jax.Array) -> jax.Array:
+    return model.logits(x_BD)
+
+
+class OneRowLayout:
+  """Projections over the one-row copy: each dense Linear [outputs, inputs] (weight_layout.py)."""
+
+  @staticmethod
+  def qkv(attn, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    cfg = attn.cfg
+    b, t, _ = x_BTD.shape
+    heads = lambda w, n: linear(x_BTD, w[...], cfg.dtype).reshape(b, t, n, cfg.head_dim)
+    return attn.position_qkv(heads(attn.q_proj, cfg.n_heads), heads(attn.k_proj, cfg.n_kv_heads),
+                             heads(attn.v_proj, cfg.n_kv_heads), positions_BT)
+
+  @staticmethod
+  def out(attn, o_BTNH: jax.Array) -> jax.Array:
+    b, t, n, h = o_BTNH.shape
+    return linear(o_BTNH.reshape(b, t, n * h), attn.o_proj[...], attn.cfg.dtype)
+
+  @staticmethod
+  def mlp(mlp, x_BTD: jax.Array) -> jax.Array:
+    """A dense MLP over the copy; a MoE layer as the model runs it (its weights have no copy)."""
+    if not isinstance(mlp, MLP):
+      return mlp(x_BTD)
+    gate_BTF, up_BTF = (linear(x_BTD, w[...], mlp.dtype) for w in (mlp.gate, mlp.up))
+    return linear(jax.nn.silu(gate_BTF) * up_BTF, mlp.down[...], mlp.dtype)
+
+  @staticmethod
+  def logits(model, x_BD: jax.Array) -> jax.Array:
+    """The tied embedding and the copy's lm_head are both [vocab, d_model]."""
+    table_VD = model.embedding if model.lm_head is None else model.lm_head
+    dtype = model.cfg.dtype
+    return einsum_f32("bd,vd->bv", x_BD.astype(dtype), table_VD[...].astype(dtype))
 
 
 def bucket(n: int, minimum: int, maximum: int) -> int:
@@ -72,16 +125,25 @@ class Programs:
   capacity: int
   cache_sharding: NamedSharding
   attention_block: int
+  linears: tuple[int, ...]  # the leaves that the one-row copy holds laid out [outputs, inputs]
 
   def __post_init__(self):
     object.__setattr__(self, "_hash", hash((self.graphdef, self.treedef, self.capacity, self.cache_sharding,
-                                            self.attention_block)))
+                                            self.attention_block, self.linears)))
 
   def __hash__(self) -> int:
     return self._hash
 
-  def model(self, weights: Weights):
-    return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, weights))
+  def model(self, weights: Weights, rows: int):
+    """The model over the weights, and the layout its projections read: a dispatch of one row reads the
+    one-row copy where there is one."""
+    leaves, one_row = weights
+    if rows > 1 or not one_row:
+      return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, leaves)), ModelLayout
+    leaves = list(leaves)
+    for i, w in zip(self.linears, one_row):
+      leaves[i] = w
+    return nnx.merge(self.graphdef, jax.tree.unflatten(self.treedef, leaves)), OneRowLayout
 
 
 class SamplingRows(NamedTuple):
@@ -119,21 +181,21 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
              slots_B: jax.Array, write_positions_BT: jax.Array, cache_len: int):
   """Every decoder layer over `tokens_BT`: its keys/values go into the cache at (slot, write position),
   then the queries attend causally (by position) to the slot's first `cache_len` positions. Returns the
-  model, the last layer's output (before the final norm) and the cache."""
-  model = programs.model(weights)
+  model, the projections' layout, the last layer's output (before the final norm) and the cache."""
+  model, layout = programs.model(weights, tokens_BT.size)
   k_cache, v_cache = cache
   slots_B1 = slots_B[:, None]
   x_BTD = model.embed(tokens_BT)
   for i, layer in enumerate(model.layers):
-    q_BTNH, k_BTKH, v_BTKH = layer.attn.project_qkv(layer.attn_norm(x_BTD), positions_BT)
+    q_BTNH, k_BTKH, v_BTKH = layout.qkv(layer.attn, layer.attn_norm(x_BTD), positions_BT)
     k_cache = k_cache.at[i, slots_B1, :, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
     v_cache = v_cache.at[i, slots_B1, :, write_positions_BT].set(v_BTKH.astype(v_cache.dtype))
     o_BTNH = cached_attention(q_BTNH, k_cache, v_cache, i, slots_B, positions_BT, cache_len,
                               programs.attention_block)
-    x_BTD = x_BTD + _project_out(layer.attn, o_BTNH)
-    x_BTD = x_BTD + layer.mlp(layer.mlp_norm(x_BTD))
+    x_BTD = x_BTD + layout.out(layer.attn, o_BTNH)
+    x_BTD = x_BTD + layout.mlp(layer.mlp, layer.mlp_norm(x_BTD))
   cache = tuple(jax.lax.with_sharding_constraint(c, programs.cache_sharding) for c in (k_cache, v_cache))
-  return model, x_BTD, cache
+  return model, layout, x_BTD, cache
 
 
 def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: int, slots_B: jax.Array,
@@ -175,10 +237,10 @@ def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, 
 def _prefill_program(programs: Programs, weights: Weights, cache: KVCache, rows: PrefillRows, *, cache_len: int,
                      truncate: bool):
   positions_BT = rows.starts[:, None] + jnp.arange(rows.tokens.shape[1], dtype=jnp.int32)[None]
-  model, x_BTD, cache = _forward(programs, weights, cache, rows.tokens, positions_BT, rows.slots, positions_BT,
-                                 cache_len)
+  model, layout, x_BTD, cache = _forward(programs, weights, cache, rows.tokens, positions_BT, rows.slots,
+                                         positions_BT, cache_len)
   last_BD = jnp.take_along_axis(x_BTD, (rows.n_valid - 1)[:, None, None], axis=1)[:, 0]
-  tokens_B, logprobs_B = rows.sampling.draw(model.logits(model.final_norm(last_BD)),
+  tokens_B, logprobs_B = rows.sampling.draw(layout.logits(model, model.final_norm(last_BD)),
                                             jnp.zeros_like(rows.n_valid), truncate)
   return cache, tokens_B, logprobs_B
 
@@ -195,10 +257,10 @@ def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: 
     live_A = ~done_A
     # A row that has ended computes on, but writes where nothing is ever read and counts nothing.
     write_A = jnp.where(live_A, positions_A, scratch_A)
-    model, x_A1D, cache = _forward(programs, weights, cache, tokens_A[:, None], positions_A[:, None], rows.slots,
-                                   write_A[:, None], cache_len)
-    sampled_A, logprobs_A = rows.sampling.draw(model.logits(model.final_norm(x_A1D[:, 0])), rows.steps + i,
-                                               truncate)
+    model, layout, x_A1D, cache = _forward(programs, weights, cache, tokens_A[:, None], positions_A[:, None],
+                                           rows.slots, write_A[:, None], cache_len)
+    sampled_A, logprobs_A = rows.sampling.draw(layout.logits(model, model.final_norm(x_A1D[:, 0])),
+                                               rows.steps + i, truncate)
     produced_A = produced_A + live_A
     stopped_A = jnp.any(sampled_A[:, None] == rows.stop_ids, axis=1)
     done_A = done_A | stopped_A | (produced_A >= rows.remaining)
@@ -213,6 +275,11 @@ def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: 
           jnp.zeros((a, steps), jnp.int32), jnp.zeros((a, steps), jnp.float32))
   _, cache, _, _, produced_A, _, tokens_AK, logprobs_AK = jax.lax.while_loop(more, body, init)
   return cache, tokens_AK, logprobs_AK, produced_A
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _laid_out(w: jax.Array, in_dims: int, sharding: NamedSharding) -> jax.Array:
+  return jax.lax.with_sharding_constraint(to_engine(w, in_dims), sharding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +301,12 @@ class DecodeRow:
   step: int         # output index of the next token
   remaining: int    # tokens it may still produce, >= 1
   params: SamplingParams
+
+
+def one_row_copy(setting: str, platform: str) -> bool:
+  """EngineConfig.one_row_copy on a platform: "auto" is on for CPU only (accelerators' matrix-vector
+  products read either layout at full speed, and their memory holds the weights once)."""
+  return platform == "cpu" if setting == "auto" else setting == "on"
 
 
 def cache_dtype(name: str, platform: str) -> jnp.dtype:
@@ -269,16 +342,22 @@ class KVRunner:
     self.devices = devices
     self.mesh = Mesh(np.asarray(devices), ("tensor",))
     state = nnx.state(model)
-    self._paths = [jax.tree_util.keystr(p) for p, _ in jax.tree.flatten_with_path(state)[0]]
-    self._shapes = {p: x.shape for p, x in zip(self._paths, jax.tree.leaves(state))}
-    self._dtypes = {p: x.dtype for p, x in zip(self._paths, jax.tree.leaves(state))}
+    key_paths, leaves = zip(*jax.tree.flatten_with_path(state)[0])
+    self._paths = [jax.tree_util.keystr(p) for p in key_paths]
+    self._shapes = {p: x.shape for p, x in zip(self._paths, leaves)}
+    self._dtypes = {p: x.dtype for p, x in zip(self._paths, leaves)}
     self._shardings = jax.tree.leaves(sharding.state_shardings(state, self.mesh))
+    self.one_row_copy = one_row_copy(config.one_row_copy, devices[0].platform)
+    in_dims = input_dims(model.cfg, key_paths)
+    self._linears = tuple(i for i, n in enumerate(in_dims) if n and self.one_row_copy)
+    self._one_row = [(in_dims[i], engine_sharding(self._shardings[i], leaves[i].ndim, in_dims[i]))
+                     for i in self._linears]
     self.weight_dtype = jnp.dtype(push_dtype(model.cfg))
     cfg = model.cfg
     self.cache_shape = (cfg.n_layers, config.max_slots, cfg.n_kv_heads, self.capacity, cfg.head_dim)
     cache_spec = sharding.logical_to_mesh((None, None, "kv_heads", None, None), self.cache_shape, self.mesh)
     self.programs = Programs(nnx.graphdef(model), jax.tree.structure(state), self.capacity,
-                             NamedSharding(self.mesh, cache_spec), config.attention_block)
+                             NamedSharding(self.mesh, cache_spec), config.attention_block, self._linears)
     self._replicated = NamedSharding(self.mesh, P())
 
   @property
@@ -292,20 +371,25 @@ class KVRunner:
   def weights(self, state: nnx.State) -> Weights:
     """The engine's copy of a Decoder state: its leaves in the compute dtype where that is narrower (the
     forward casts every parameter to it before use, so the values it computes with are the same), moved
-    into the engine's shardings with `jax.device_put` (from a learner's devices: device to device), and
-    ready when this returns, so the caller may then donate or change `state`."""
+    into the engine's shardings with `jax.device_put` (from a learner's devices: device to device), the
+    one-row copy laid out from them there, and ready when this returns, so the caller may then donate or
+    change `state`."""
     by_path = self._leaves_by_path(state)
     narrow = lambda x: x.astype(self.weight_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
     leaves = jax.device_put([narrow(by_path[p]) for p in self._paths], self._shardings)
-    return jax.block_until_ready(leaves)
+    one_row = [_laid_out(leaves[i], n, s) for i, (n, s) in zip(self._linears, self._one_row)]
+    return jax.block_until_ready((leaves, one_row))
 
   def weight_bytes(self, weights: Weights) -> int:
-    return sum(x.nbytes for x in weights)
+    return sum(x.nbytes for x in jax.tree.leaves(weights))
 
   def abstract_weights(self) -> list[jax.ShapeDtypeStruct]:
     """The weights' shapes, dtypes and shardings (for compiling ahead of time)."""
     dtype = lambda path: self.weight_dtype if jnp.issubdtype(self._dtypes[path], jnp.floating) else self._dtypes[path]
-    return [jax.ShapeDtypeStruct(self._shapes[p], dtype(p), sharding=s) for p, s in zip(self._paths, self._shardings)]
+    leaves = [jax.ShapeDtypeStruct(self._shapes[p], dtype(p), sharding=s) for p, s in zip(self._paths, self._shardings)]
+    one_row = [jax.ShapeDtypeStruct(engine_shape(leaves[i].shape, n), leaves[i].dtype, sharding=s)
+               for i, (n, s) in zip(self._linears, self._one_row)]
+    return leaves, one_row
 
   def abstract_cache(self) -> KVCache:
     one = jax.ShapeDtypeStruct(self.cache_shape, self.cache_dtype, sharding=self.programs.cache_sharding)

@@ -191,8 +191,8 @@ class Attention(nnx.Module):
   """GQA self-attention with optional q/k RMSNorm (Qwen3) and RoPE at `positions` (tree depth).
 
   Engine API (stable): `project_qkv(x_BTD, positions_BT) -> (q_BTNH, k_BTKH, v_BTKH)` after q/k-norm and
-  RoPE; `project_out(o_BTNH) -> y_BTD`. A KV-cache engine stores k/v, attends with `masked_attention`,
-  and projects out.
+  RoPE (`position_qkv`, for an engine that projects with weights of its own layout); `project_out(o_BTNH)
+  -> y_BTD`. A KV-cache engine stores k/v, attends with `masked_attention`, and projects out.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -214,6 +214,12 @@ class Attention(nnx.Module):
     q_BTNH = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_proj[...].astype(cfg.dtype))
     k_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_proj[...].astype(cfg.dtype))
     v_BTKH = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_proj[...].astype(cfg.dtype))
+    return self.position_qkv(q_BTNH, k_BTKH, v_BTKH, positions_BT)
+
+  def position_qkv(self, q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, positions_BT: jax.Array
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The projected q, k, v as `project_qkv` returns them: q/k-norm, then RoPE."""
+    cfg = self.cfg
     if cfg.qk_norm:
       q_BTNH, k_BTKH = self.q_norm(q_BTNH), self.k_norm(k_BTKH)
     q_BTNH = constrain(apply_rope(q_BTNH, positions_BT, cfg.rope_theta), ("batch", "length", "heads", "head_dim"))

@@ -81,6 +81,12 @@ def _entries(cfg: ModelConfig) -> Iterator[_Entry]:
         yield _Entry(hf + f"mlp.{name}_proj.weight", ours + ("mlp", name), 1)
 
 
+def linear_input_dims(cfg: ModelConfig) -> dict[tuple[Any, ...], int]:
+  """Each param of `cfg`'s Decoder that is one HF Linear (an expert's slice excluded), by its path in the
+  model's state: how many of its leading axes are the Linear's inputs (the rest are its outputs)."""
+  return {e.path: e.in_dims for e in _entries(cfg) if e.in_dims and e.expert is None}
+
+
 def load_config(hf_dir: str | pathlib.Path, **runtime: Any) -> ModelConfig:
   path = pathlib.Path(hf_dir) / "config.json"
   try:

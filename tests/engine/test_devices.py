@@ -30,7 +30,7 @@ def test_weights_move_from_the_learners_devices_to_the_engines(model):
   learner_state = jax.device_put(state, sharding.state_shardings(state, learner_mesh))
   eng = Engine(model, dataclasses.replace(SMALL, devices=4))
   try:
-    weights = eng._weights  # pylint: disable=protected-access
+    weights = jax.tree.leaves(eng._weights)  # pylint: disable=protected-access
     assert eng.runner.devices == jax.devices()[4:]
     assert {d for w in weights for d in w.devices()} == set(jax.devices()[4:])
     assert any(not w.sharding.is_fully_replicated for w in weights)  # split over the engine's devices
@@ -44,7 +44,8 @@ def test_weights_move_from_the_learners_devices_to_the_engines(model):
     assert after.policy_version == 3 and after.output_ids != before.output_ids
     np.testing.assert_allclose(after.output_logprobs, learner_logprobs(tiny_model(5), ids, after.output_ids, 1.0),
                                atol=1e-4)
-    assert {d for w in eng._weights for d in w.devices()} == set(jax.devices()[4:])  # pylint: disable=protected-access
+    weights = jax.tree.leaves(eng._weights)  # pylint: disable=protected-access
+    assert {d for w in weights for d in w.devices()} == set(jax.devices()[4:])
     assert eng.update_from_model(model) == 4  # unnamed: the next version
     with pytest.raises(EngineError, match="below"):
       eng.update_from_model(model, version=2)
