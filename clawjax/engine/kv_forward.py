@@ -40,11 +40,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clawjax import sharding
 from clawjax.engine import sampling
-from clawjax.engine.weight_layout import engine_shape, engine_sharding, input_dims, linear, to_engine
+from clawjax.engine.weight_layout import engine_shape, engine_sharding, input_dims, linear
 from clawjax.generation import SamplingParams
 from clawjax.models.attention import (masked_attention, online_softmax_init, online_softmax_result,
                                       online_softmax_step)
-from clawjax.models.hf_io import push_dtype
+from clawjax.models.hf_io import hf_layout, push_dtype
 from clawjax.models.layers import MLP, einsum_f32
 
 KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
@@ -279,7 +279,7 @@ def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def _laid_out(w: jax.Array, in_dims: int, sharding: NamedSharding) -> jax.Array:
-  return jax.lax.with_sharding_constraint(to_engine(w, in_dims), sharding)
+  return jax.lax.with_sharding_constraint(hf_layout(w, in_dims), sharding)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,17 +36,14 @@ def input_dims(cfg: ModelConfig, paths: Sequence[tuple[Any, ...]]) -> list[int]:
   return [linears.get(name[:-1] if name[-1] == "value" else name, 0) for name in names]
 
 
-def engine_shape(shape: Sequence[int], in_dims: int) -> tuple[int, ...]:
-  if not in_dims:
-    return tuple(shape)
+def engine_shape(shape: Sequence[int], in_dims: int) -> tuple[int, int]:
+  """The [outputs, inputs] shape of a Linear whose leading `in_dims` axes are its inputs (`hf_layout`'s)."""
   return math.prod(shape[in_dims:]), math.prod(shape[:in_dims])
 
 
 def engine_sharding(sharding: NamedSharding, ndim: int, in_dims: int) -> NamedSharding:
   """The model layout's sharding carried to the engine's: a group of axes folded into one keeps the mesh
   axis of its leading member (e.g. "heads" of (heads, head_dim)), so every device keeps the same rows."""
-  if not in_dims:
-    return sharding
   spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
 
   def folded(group: tuple[Any, ...]) -> Any:
@@ -55,11 +52,6 @@ def engine_sharding(sharding: NamedSharding, ndim: int, in_dims: int) -> NamedSh
     return group[0]
 
   return NamedSharding(sharding.mesh, P(folded(spec[in_dims:]), folded(spec[:in_dims])))
-
-
-def to_engine(w: jax.Array, in_dims: int) -> jax.Array:
-  """A model-layout param in the engine's layout (a Linear: [inputs..., outputs...] -> [outputs, inputs])."""
-  return w.reshape(math.prod(w.shape[:in_dims]), -1).T if in_dims else w
 
 
 def linear(x_BTI: jax.Array, w_OI: jax.Array, dtype: Any) -> jax.Array:

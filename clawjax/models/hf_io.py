@@ -297,19 +297,19 @@ def push_dtype(cfg: ModelConfig) -> str:
   return min((cfg.dtype, cfg.param_dtype), key=lambda d: jnp.dtype(d).itemsize)
 
 
-def _layout(w: jax.Array, in_dims: int, dtype: str | None) -> jax.Array:
+def hf_layout(w: jax.Array, in_dims: int, dtype: str | None = None) -> jax.Array:
   """One of our params as its HF tensor: a Linear's [in..., out...] becomes W [out, in], cast to `dtype`
-  (None: kept). Done on the devices, not the host: XLA's transpose is several times faster than numpy's
+  (None: kept); the engine's one-row copy is this layout too. Done on the devices, not the host: XLA's transpose is several times faster than numpy's
   strided copy (most of an export's time on CPU), and the host receives contiguous bytes."""
   if in_dims:
     w = w.reshape(math.prod(w.shape[:in_dims]), -1).T
   return w.astype(dtype) if dtype else w
 
 
-_hf_layout = jax.jit(_layout, static_argnames=("in_dims", "dtype"))
+_hf_layout = jax.jit(hf_layout, static_argnames=("in_dims", "dtype"))
 # One expert of a param of all experts; the index is traced, so one program serves every expert (an
 # eager slice per expert costs a dispatch each: ~18K of them for Qwen3-30B-A3B).
-_expert_hf_layout = jax.jit(lambda w, e, in_dims, dtype: _layout(jax.lax.dynamic_index_in_dim(w, e, keepdims=False),
+_expert_hf_layout = jax.jit(lambda w, e, in_dims, dtype: hf_layout(jax.lax.dynamic_index_in_dim(w, e, keepdims=False),
                                                                 in_dims, dtype), static_argnames=("in_dims", "dtype"))
 
 
