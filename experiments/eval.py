@@ -6,7 +6,7 @@ r"""Evaluate a model behind an agent harness on a task benchmark (Table 1 of the
 Writes WORKDIR/results.jsonl (one line per task rollout), WORKDIR/summary.md and summary.json (scores
 by category in Table 1's layout); rerunning the command resumes. Any field of clawjax/evaluation/config.py
 can be set with `--config.a.b=v`; `--print_config` prints the resolved config and exits. On several hosts
-the same command runs on each, with `--config.distributed.*` (README, "Running on a cluster"): the hosts
+the same command runs on each, with `--config.distributed.*` (docs/cluster.md): the hosts
 split the tasks and process 0 writes the one results.jsonl and the summary.
 """
 

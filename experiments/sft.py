@@ -12,7 +12,7 @@ rollouts scored >= min_score). Any field of the config (clawjax/sft/config.py) c
 last checkpoint. The trained model goes to WORKDIR/hf (a Hugging Face directory: pass it to train.py as
 `--config.model.init`). Ends by printing the summary as one JSON line.
 
-Several hosts run one stage with the same command on each (README, "Running on a cluster"), e.g.
+Several hosts run one stage with the same command on each (docs/cluster.md), e.g.
   python experiments/sft.py --config=... --workdir=SHARED/runs/sft --config.mesh.data=-1 \
       --config.distributed.num_processes=2 --config.distributed.process_id=I \
       --config.distributed.coordinator=HOST0:PORT

@@ -1,6 +1,6 @@
 """One experiments/ command as several processes of this machine, the hosts of a multi-process run (JAX's
 multi-controller runtime on CPU with gloo collectives, `devices` simulated devices each), with the
-`--config.distributed.*` flags of the README's cluster section."""
+`--config.distributed.*` flags of docs/cluster.md."""
 from __future__ import annotations
 
 import os

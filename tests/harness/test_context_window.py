@@ -1,6 +1,6 @@
 """Real Claude Code and real OpenClaw at the shim's context limit (a scripted policy for the model).
 
-The shim tells its limit in the POST /rollouts answer, and the adapters pass it on (README, "Context
+The shim tells its limit in the POST /rollouts answer, and the adapters pass it on (docs/shim.md, "Context
 window"). The task's first tool call prints ~24K characters (`seq 1 5000`, ~21K tokens).
 - Claude Code (40K window) compacts by itself past the window less 33K tokens (its output and summary
   reserves), so after each tool result here: its summarising calls are logged with role "compaction"

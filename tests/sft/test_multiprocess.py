@@ -1,5 +1,5 @@
 """The SFT stage on two processes of this machine as two hosts (JAX's multi-controller runtime, CPU gloo
-collectives, two devices each), the README's cluster command, against the one-process run of this test
+collectives, two devices each), docs/cluster.md's command, against the one-process run of this test
 process on four devices, on the same data and the same 4-row updates: each process feeds two of an
 update's rows, the loss is normalised over all four, so every update's nll, the held-out loss and the
 exported weights equal the one-process run's to 1e-6 (float32: the gradient's partial sums are added

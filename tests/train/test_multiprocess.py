@@ -1,5 +1,5 @@
 """Two processes on this machine as two hosts (JAX's multi-controller runtime, CPU gloo collectives, two
-devices each), the command of the README's cluster section: each process runs its own shim, harnesses
+devices each), the command of docs/cluster.md: each process runs its own shim, harnesses
 and groups, the learner's step spans both, and process 0 writes the run's files once. Then the same
 commands with more steps resume from the checkpoint; killed (kill -9, both processes) in the middle of a
 step, they have added exactly the steps before it, and the next run completes them. Also one RL step's
