@@ -32,7 +32,7 @@ JUDGE_KEY_ENV = "CLAWJAX_JUDGE_KEY"  # the judge's API key comes from here, neve
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
   tasks: str  # a task directory, a directory of tasks, a JSONL file or a PinchBench tasks/ dir
-  harness: str = "openclaw"  # adapter name: openclaw, claude_code, mini
+  harness: str = "openclaw"  # adapter name: openclaw, claude_code, codex, mini
   benchmark: str = "ClawGym-Bench"  # the Table 1 column this run fills
   model_label: str | None = None  # the Table 1 row name; None: the engine model's base name
   # Which repeat of (harness, model_label, benchmark) this run is, e.g. the training seed of the policy
