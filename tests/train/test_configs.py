@@ -74,6 +74,10 @@ def test_paper_configs_follow_the_paper():
   by_name = {p.stem: train_config(_filled(p)) for p in CONFIGS if p.parent.name == "paper"}
   assert by_name["mix_harness_30a3b"].harnesses == ("openclaw", "claude_code")
   assert by_name["mix_harness_30a3b"].tasks_per_step == 16
+  assert by_name["grpo_codex_30a3b"].harnesses == ("codex",)
+  # Mix-harness takes any of the three harnesses.
+  mix = _filled(ROOT / "configs" / "paper" / "mix_harness_30a3b.py")
+  assert train_config(mix, ["harnesses=codex,claude_code,openclaw"]).harnesses == ("codex", "claude_code", "openclaw")
   assert by_name["ppo_openclaw_30a3b"].learner.loss == "ppo"
   assert (by_name["ppo_openclaw_30a3b"].tasks_per_step, by_name["ppo_openclaw_30a3b"].rollouts_per_task) == (256, 1)
   assert all(c.shim.max_context == 65_536 for c in by_name.values())
