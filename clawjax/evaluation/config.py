@@ -72,6 +72,9 @@ class EvalConfig:
     checks = [
         ("tasks", self.tasks and pathlib.Path(self.tasks).exists(), f"{self.tasks!r} does not exist"),
         ("harness", self.harness in ADAPTERS, f"{self.harness!r} is not one of {sorted(ADAPTERS)}"),
+        ("rollout.harness.codex_compact_reserve", self.harness != "codex"
+         or 0 <= self.rollout.harness.codex_compact_reserve < self.shim.max_context,
+         f"{self.rollout.harness.codex_compact_reserve} must be at least 0 and below shim.max_context"),
         ("num_samples", self.num_samples >= 1, "must be >= 1"),
         ("concurrency", self.concurrency >= 1, "must be >= 1"),
         ("max_tasks", self.max_tasks >= 0, "must be >= 0"),

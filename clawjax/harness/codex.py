@@ -84,9 +84,9 @@ def write_home(codex_home: pathlib.Path, base_url: str, model: str, instructions
   codex_home.mkdir(parents=True, exist_ok=True)
   entry = {"slug": model, "display_name": model, **_ENTRY, "base_instructions": instructions}
   if context_window is not None:
-    if compact_reserve >= context_window:
-      raise ValueError(f"HarnessOptions.codex_compact_reserve={compact_reserve} leaves nothing of the "
-                       f"{context_window}-token window")
+    if not 0 <= compact_reserve < context_window:
+      raise ValueError(f"HarnessOptions.codex_compact_reserve={compact_reserve}: must be at least 0 and "
+                       f"below the {context_window}-token window")
     entry.update(context_window=context_window, auto_compact_token_limit=context_window - compact_reserve)
   (codex_home / _CATALOG).write_text(json.dumps({"models": [entry]}, indent=1))
   (codex_home / "config.toml").write_text(_config(_provider(base_url, retries, remote_compaction),
