@@ -290,13 +290,15 @@ def transfer_tables(runs: Sequence[Run], stats: StatsConfig = StatsConfig(),
 
 def _transfer_cell(rep: Repeats, stats: StatsConfig) -> str:
   per_task = list(rep.task_seed_scores().values())
+  seeds = len(rep.by_seed)
+  n = f"n={len(per_task)} tasks x {seeds} seed{'s' if seeds > 1 else ''}"
   if not per_task:
-    return f"- n=0 tasks x {len(rep.by_seed)} seeds"
+    return f"- {n}"
   text = f"{100.0 * np.mean([np.mean(v) for v in per_task]):.2f}"
   ci = task_bootstrap_interval(per_task, stats)
   if ci is not None:
     text += f" [{100.0 * ci[0]:.2f}, {100.0 * ci[1]:.2f}]"
-  return f"{text} n={len(per_task)} tasks x {len(rep.by_seed)} seeds"
+  return f"{text} {n}"
 
 
 def assemble(runs: Sequence[Run], paper_rows: bool = True) -> Table:

@@ -42,8 +42,8 @@ class HarnessOptions:
   # Prompt + generation tokens the model takes. None: the shim's limit, from its POST /rollouts answer
   # (what `run_rollout` fills in); smaller makes the harness compact earlier. Told to Claude Code
   # (CLAUDE_CODE_MAX_CONTEXT_TOKENS), OpenClaw (the model's contextWindow) and Codex (its model
-  # catalog): for a model name they do not know, Claude Code assumes 1M tokens, Codex 272K and OpenClaw
-  # its own default, so none would compact before the shim's "prompt is too long", which ends the run.
+  # catalog): for a model name they do not know, Claude Code assumes 1M tokens, Codex and OpenClaw
+  # their own defaults, so none would compact before the shim's "prompt is too long", which ends the run.
   context_window: int | None = None
   # Codex's request_max_retries and stream_max_retries (its defaults, 4 and 5, spend minutes on a dead
   # backend).

@@ -5,14 +5,14 @@ base_url is the shim's per-rollout URL + `/v1`, `wire_api = "responses"` (POST /
 rollout's key from CLAWJAX_API_KEY (`env_key`), and a model catalog (`model_catalog_json`) with one
 entry for the served model: its context window (the shim's limit) and the context length from which
 Codex compacts (`auto_compact_token_limit`: the window less `compact_reserve`), so Codex neither warns
-that the model is unknown nor assumes its fallback window of 272K tokens. The entry's instructions are
+that the model is unknown nor assumes the fallback metadata's window. The entry's instructions are
 the ones Codex itself uses for a model it does not know (its built-in prompt), read once per install
 from the first request a Codex with no catalog sends (`fallback_instructions`), so the catalog changes
 the metadata and nothing of the prompt. Its own sandbox and approvals are off
 (`--dangerously-bypass-approvals-and-sandbox`): it runs inside clawjax's (bubblewrap, network only to
-the shim); analytics, the update check and its endless reconnecting are off. `codex exec --json` prints its events as JSONL;
-its session transcript is `CODEX_HOME/sessions/**/rollout-*.jsonl`. Codex has no turn limit of its
-own: the rollout's timeout bounds it.
+the shim); analytics, the update check and its endless reconnecting are off. `codex exec --json`
+prints its events as JSONL; its session transcript is `CODEX_HOME/sessions/**/rollout-*.jsonl`. Codex
+has no turn limit of its own: the rollout's timeout bounds it.
 
 Compaction: with a provider of its own name Codex compacts locally (a /v1/responses call whose last user
 message asks for a handoff summary, request_kind "compaction"); `remote_compaction` names the provider
@@ -41,8 +41,9 @@ _CATALOG = "clawjax-models.json"
 _INSTRUCTIONS = "clawjax-fallback-instructions.txt"  # In the install's prefix.
 PROBE_TIMEOUT_S = 120.0
 # What Codex 0.169 gives a model it does not know (its fallback metadata), kept in the catalog entry
-# but for the window, the compaction limit and the instructions: the shell tool `unified_exec`, tool
-# output cut at 10,000 bytes, 95% of the window counted as usable, no reasoning levels.
+# but for the window, the compaction limit, the instructions and the visibility (listed, where the
+# fallback's is none): the shell tool `unified_exec`, tool output cut at 10,000 bytes, 95% of the window
+# counted as usable, no reasoning levels.
 _ENTRY = {"supported_reasoning_levels": [], "shell_type": "unified_exec", "visibility": "list",
           "supported_in_api": True, "priority": 99, "support_verbosity": False,
           "truncation_policy": {"mode": "bytes", "limit": 10_000}, "experimental_supported_tools": [],

@@ -100,7 +100,8 @@ def test_transfer_matrix_from_eval_runs_under_three_harnesses(tmp_path, capsys):
       mean = 100 * np.mean([np.mean(v) for v in per_task])
       lo, hi = task_bootstrap_interval(per_task)  # over the 3 tasks (and the seeds, where there are two)
       assert rows[trained_in][column] == (
-          f"{mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] n=3 tasks x {len(seeds)} seeds"), rows[trained_in][column]
+          f"{mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] n=3 tasks x {len(seeds)} seed{'s' * (len(seeds) > 1)}"
+      ), rows[trained_in][column]
       assert 100 * min(map(min, per_task)) <= 100 * lo <= mean <= 100 * hi <= 100 * max(map(max, per_task))
       if trained_in == "base":
         assert rows["base"][f"{column} vs base"] is None
