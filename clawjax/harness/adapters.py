@@ -22,6 +22,7 @@ import sqlite3
 import sys
 from typing import Any
 
+from clawjax.config import Count, NonNegative, Positive
 from clawjax.harness import install
 
 log = logging.getLogger(__name__)
@@ -32,18 +33,18 @@ _BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 @dataclasses.dataclass(frozen=True)
 class HarnessOptions:
   model: str = "policy"      # the model name the harness sends (the shim serves whatever it loaded)
-  max_turns: int = 30        # the harness's own agent-turn limit
-  timeout_s: float = 1800.0  # the harness's own deadline, where it has one (OpenClaw --timeout)
+  max_turns: Count = 30      # the harness's own agent-turn limit
+  timeout_s: Positive[float] = 1800.0  # the harness's own deadline, where it has one (OpenClaw --timeout)
   # Claude Code's CLAUDE_CODE_MAX_RETRIES (its default of 10 retries spends minutes on a dead backend).
-  claude_max_retries: int = 2
+  claude_max_retries: NonNegative[int] = 2
   # OpenClaw model entry maxTokens (the shim caps generations server-side anyway).
-  openclaw_max_tokens: int = 8192
+  openclaw_max_tokens: Count = 8192
   # Prompt + generation tokens the model takes. None: the shim's limit, from its POST /rollouts answer
   # (what `run_rollout` fills in); smaller makes the harness compact earlier. Told to Claude Code
   # (CLAUDE_CODE_MAX_CONTEXT_TOKENS) and OpenClaw (the model's contextWindow): for a model name they
   # do not know, Claude Code assumes 1M tokens and OpenClaw its own default, so neither would compact
   # before the shim's "prompt is too long", on which both end the run.
-  context_window: int | None = None
+  context_window: Positive[int] | None = None
   # Extra `--flag value` arguments for the mini harness (see `python -m clawjax.harness.mini --help`).
   mini_args: tuple[str, ...] = ()
 

@@ -45,7 +45,7 @@ def _filled(path: pathlib.Path):
   if c.tasks is None:
     c.tasks = TASKS
   if c.model.get("init") is None:
-    c.model.init = "MODEL_DIR"
+    c.model.init = "qwen3-30b-a3b"
   return c
 
 
@@ -117,6 +117,11 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),
+    (["model.init=smollm2-13m"], r"^config\.model\.init: 'smollm2-13m' is neither a preset nor a directory with "
+                                 r"config\.json; did you mean smollm2-135m\?$"),
+    (["model.overrides.d_modle=32"], r"^config\.model\.overrides\.d_modle: not a field of ModelConfig; did you mean "
+                                     r"d_model\?$"),
+    (["learner.lr=-1"], r"^config\.learner\.lr: must be > 0, got -1\.0$"),
 ])
 def test_bad_keys_types_and_names_are_one_line_errors(overrides, message):
   with pytest.raises(ConfigError, match=message) as err:
