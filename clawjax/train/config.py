@@ -34,11 +34,13 @@ from clawjax.tree.filters import FilterConfig
 # (vLLM's server has no weight update in its public API: it serves evaluation.)
 TRAINABLE_BACKENDS = ("embedded", "sglang")
 # Fields a resumed run may change without --config.allow_config_change: they decide how long the run
-# goes, how it reports and where its services are (a restarted cluster), not what it trains on.
+# goes, how it reports, where its services are (a restarted cluster) and how its rollouts are isolated
+# and kept on this host, not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
                      "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root", "distributed", "compile")
+                     "rollout.work_root", "rollout.sandbox", "rollout.keep_dirs", "rollout.cores",
+                     "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
