@@ -37,7 +37,7 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 # goes, how it reports and where its services are (a restarted cluster), not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
-                     "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
+                     "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir", "engine.push_mode",
                      "rollout.work_root", "distributed", "compile")
 
 
