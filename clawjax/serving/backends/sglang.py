@@ -1,9 +1,15 @@
-"""`sglang`: SGLang's native API (also spoken by `python -m clawjax.engine`).
+"""`sglang`: SGLang's native API (also spoken by `python -m clawjax.engine`). Checked against SGLang
+0.5.23's source: docs/engine.md has the table of every endpoint and field, and where SGLang defines it.
 
 POST /generate {input_ids, sampling_params, return_logprob: true} -> {output_ids, meta_info:
 {output_token_logprobs: [[logprob, token_id, null], ...], finish_reason: {type: "stop"|"length"|
 "abort", ...}, completion_tokens, weight_version, ...}}; GET /health; POST /update_weights_from_disk
-{model_path}; POST /flush_cache (the last two with the admin key: `admin_api_key`, see http.py).
+{model_path, weight_version, abort_all_requests, flush_cache} (with the admin key: `admin_api_key`, see
+http.py), then GET /model_info (/get_model_info on a server without it) for the version.
+
+The update is SGLang's whole push: it holds new requests and waits for those in flight (or aborts them:
+`abort=True`), flushes the prefix cache while nothing runs, then lets the held requests go. A
+/flush_cache of its own after it would meet them running and be refused (400), so there is none.
 
 Streaming (`generate_streaming`): the same request plus `stream: true` answers `text/event-stream`, one
 event `data: {chunk}` per scheduler step with new tokens and `data: [DONE]` at the end. A chunk has the
@@ -13,11 +19,15 @@ a long turn costs quadratic bytes and parsing; an SGLang server started with
 `--incremental-streaming-output` sends only the new tokens, which is much cheaper at 8K-token turns. The
 client cannot ask for either, so each chunk tells: it is cumulative when it holds completion_tokens
 tokens (the first chunk reads the same both ways), else it holds the new ones. An error after the stream
-began comes as a chunk {"error": {"message": ...}}.
+began comes as a chunk {"error": {"message": ...}}. An aborted request (a weight update's
+`abort_all_requests`, a client gone, a time limit) is recognised before its tokens are read, in a stream
+and in a plain answer, and is retryable (503): with --incremental-streaming-output SGLang's abort chunk
+carries output_ids [the last token] beside the log-probs of all of them.
 
 Log-probs: SGLang returns them after temperature scaling by default, which is the shim's convention
 (do not set SGLANG_RETURN_ORIGINAL_LOGPROB on the engine). top_p/top_k are left at 1/-1 by the shim's
-defaults so the returned log-probs are those of the distribution sampled from.
+defaults so the returned log-probs are those of the distribution sampled from. `sampling_seed` is
+honoured only by a server started with `--enable-deterministic-inference` (SGLang ignores it otherwise).
 """
 
 from __future__ import annotations
