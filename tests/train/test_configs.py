@@ -114,6 +114,8 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
      r"^config\.batch\.drop_uninformative_groups: drops the groups whose GRPO advantages are all 0, but "
      r"learner\.loss 'ppo'"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
+    (["engine.push_mode=flush"], r"^config\.engine\.push_mode: 'flush' is not one of \('drain', 'abort'\)"),
+    (["engine.options={'update_mode': 'abort'}"], r"^config\.engine\.options\.update_mode: set config\.engine\.push_mode"),
     (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),
