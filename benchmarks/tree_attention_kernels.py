@@ -47,7 +47,7 @@ import numpy as np
 from clawjax.aot import lowering, topology
 from clawjax.environment import describe as describe_environment
 from clawjax.models import attention
-from clawjax.models.pallas_attention import GPU_BLOCK, block_table, kernel_block, pallas_attention_flops
+from clawjax.kernels.tree_attention.dispatch import GPU_BLOCK, block_table, kernel_block, pallas_attention_flops
 from clawjax.rl.advantages import grpo_advantages
 from clawjax.tree import synthetic
 from clawjax.tree.filters import filter_rollout

@@ -34,7 +34,7 @@ def _tree_rows(row_len: int) -> tuple[jax.Array, jax.Array]:
 def attention_errors(row_len: int = 1024, block: int = 128, n_heads: int = 8, n_kv: int = 2,
                      head_dim: int = 128) -> dict[str, Any]:
   from clawjax.models.attention import dense_attention  # pylint: disable=import-outside-toplevel
-  from clawjax.models.pallas_attention import pallas_attention  # pylint: disable=import-outside-toplevel
+  from clawjax.kernels.tree_attention.dispatch import pallas_attention  # pylint: disable=import-outside-toplevel
   seg_BT, end_BT = _tree_rows(row_len)
   keys = jax.random.split(jax.random.key(0), 4)
   q = jax.random.normal(keys[0], (1, row_len, n_heads, head_dim))
@@ -56,7 +56,7 @@ def attention_errors(row_len: int = 1024, block: int = 128, n_heads: int = 8, n_
 
 
 def moe_errors() -> dict[str, Any]:
-  from clawjax.models.grouped_matmul_check import max_errors  # pylint: disable=import-outside-toplevel
+  from clawjax.kernels.grouped_matmul.check import max_errors  # pylint: disable=import-outside-toplevel
   device = jax.devices()[0]
   kernel = {"gpu": "mosaic_gpu", "tpu": "megablox"}.get(device.platform, "megablox_interpret")
   return {"kernel": kernel, **max_errors(kernel, device)}

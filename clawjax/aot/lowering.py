@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from clawjax.models import grouped_matmul, pallas_attention
+from clawjax.kernels.grouped_matmul import dispatch as grouped_matmul
+from clawjax.kernels.tree_attention import dispatch as pallas_attention
 
 # Custom-call targets of Pallas kernels, by compiler.
 KERNEL_TARGETS = {"tpu_custom_call": "mosaic_tpu", "__gpu$xla.gpu.triton": "triton", "mosaic_gpu": "mosaic_gpu",

@@ -34,10 +34,10 @@ from flax import nnx
 from flax.core import spmd
 from jax.sharding import PartitionSpec as P
 
-from clawjax.models.block_sparse import pad_to_block
+from clawjax.kernels.tree_attention.block_sparse import pad_to_block
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import RMSNorm, apply_rope, constrain, einsum_f32, param
-from clawjax.models.pallas_attention import pallas_attention
+from clawjax.kernels.tree_attention.dispatch import pallas_attention
 from clawjax.sharding import logical_to_mesh
 
 _NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN

@@ -26,7 +26,7 @@ from flax.core import spmd
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from clawjax.models.config import ModelConfig
-from clawjax.models.grouped_matmul import grouped_matmul
+from clawjax.kernels.grouped_matmul.dispatch import grouped_matmul
 from clawjax.models.layers import param
 from clawjax.sharding import logical_to_mesh
 

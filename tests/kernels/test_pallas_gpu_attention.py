@@ -10,12 +10,13 @@ import pytest
 
 from clawjax.aot import lowering, topology
 from clawjax.config import ConfigError
-from clawjax.models import attention, pallas_attention
-from clawjax.models.pallas_gpu_attention import gpu_attention, tile
+from clawjax.kernels.tree_attention import dispatch as pallas_attention
+from clawjax.models import attention
+from clawjax.kernels.tree_attention.triton_gpu import gpu_attention, tile
 
 from tests.models.helpers import rel_err
-from tests.models.test_pallas_attention import tree_rows
-from tests.models.test_tree_attention import random_qkv
+from tests.kernels.test_pallas_attention import tree_rows
+from tests.kernels.test_tree_attention import random_qkv
 
 
 def brute_force_vjp(q, k, v, seg, end, do):

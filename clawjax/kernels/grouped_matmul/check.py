@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from clawjax.models.grouped_matmul import grouped_matmul, takes
+from clawjax.kernels.grouped_matmul.dispatch import grouped_matmul, takes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from clawjax.models.block_sparse import VisibleLists, pad_to_block, tile_mask, visible_lists
+from clawjax.kernels.tree_attention.block_sparse import VisibleLists, pad_to_block, tile_mask, visible_lists
 
 GPU_BLOCK = 64
 _NEG = -1e30  # finite "minus infinity", as in attention.py: fully masked rows stay free of NaN

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from clawjax.models.grouped_matmul import grouped_matmul
-from clawjax.models.grouped_matmul_check import CASES, Case, max_errors
+from clawjax.kernels.grouped_matmul.dispatch import grouped_matmul
+from clawjax.kernels.grouped_matmul.check import CASES, Case, max_errors
 from tests.aot import devices_or_skip
 
 # Relative to the largest float64 value: float32 rounding, and bfloat16's (the output's rounding, 2^-9).

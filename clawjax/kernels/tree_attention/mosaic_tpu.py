@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from clawjax.models.block_sparse import pad_to_block, tile_mask, visible_lists
+from clawjax.kernels.tree_attention.block_sparse import pad_to_block, tile_mask, visible_lists
 
 _NEG = -1e30  # finite "minus infinity", as in attention.py: fully masked rows stay free of NaN
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T

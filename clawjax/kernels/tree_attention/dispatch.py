@@ -23,9 +23,9 @@ import functools
 
 import jax
 
-from clawjax.models.block_sparse import block_table, compact, pad_to_block, pallas_attention_flops
-from clawjax.models.pallas_gpu_attention import GPU_BLOCK, gpu_attention, tile
-from clawjax.models.pallas_tpu_attention import tpu_attention
+from clawjax.kernels.tree_attention.block_sparse import block_table, compact, pad_to_block, pallas_attention_flops
+from clawjax.kernels.tree_attention.triton_gpu import GPU_BLOCK, gpu_attention, tile
+from clawjax.kernels.tree_attention.mosaic_tpu import tpu_attention
 
 # The name scope of every op of the kernel (and of its layout): how a compiled program's HLO tells which
 # lowering the attention got (clawjax/aot/lowering.py).

@@ -12,12 +12,13 @@ import pytest
 from flax import nnx
 
 from clawjax import sharding
-from clawjax.models import attention, pallas_attention
+from clawjax.kernels.tree_attention import dispatch as pallas_attention
+from clawjax.models import attention
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder
 
 from tests.models.helpers import forward, rel_err
-from tests.models.test_tree_attention import packed_rows, random_qkv
+from tests.kernels.test_tree_attention import packed_rows, random_qkv
 
 
 def tree_rows(seed: int, length: int, trees_per_row=(4, 6)) -> tuple[jax.Array, jax.Array]:

@@ -1,0 +1,1 @@
+"""The accelerator kernels, one folder per op, below the model."""

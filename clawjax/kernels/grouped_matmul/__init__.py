@@ -1,0 +1,1 @@
+"""Grouped matmul: the MoE experts' kernels and their check."""

@@ -1,0 +1,1 @@
+"""Tree attention: the block-sparse Pallas kernels and their layout."""
