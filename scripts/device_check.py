@@ -236,11 +236,15 @@ def part_torch_32k(rec: Recorder, small: bool) -> None:
 # ---- kernels, engine, profile, environment -------------------------------------------------------------
 
 def part_kernels(rec: Recorder, small: bool) -> None:
-  from kernel_check import attention_errors, moe_errors  # pylint: disable=import-outside-toplevel
   from tree_attention_kernels import time_kernels  # pylint: disable=import-outside-toplevel
-  # On the CPU the kernels run in the Pallas interpreter: small shapes.
-  rec.put(attention=attention_errors(**({"row_len": 512, "block": 64, "n_heads": 4, "head_dim": 64} if small else {})))
-  rec.put(moe=moe_errors())
+  from clawjax.kernels.grouped_matmul.check import device_errors  # pylint: disable=import-outside-toplevel
+  from clawjax.kernels.tree_attention.check import attention_errors  # pylint: disable=import-outside-toplevel
+  # The rows of a packed GRPO group of two agent rollouts; on the CPU the kernels run in the Pallas
+  # interpreter: small shapes.
+  check_row, _ = _group(512 if small else 1024, 2, seed=512 if small else 1024)
+  rec.put(attention=attention_errors(check_row.segment_ids_RT, check_row.subtree_end_RT,
+                                     **({"block": 64, "n_heads": 4, "head_dim": 64} if small else {})))
+  rec.put(moe=device_errors())
   sizes = _sizes(small)
   tree, _ = _group(sizes["rows"][0], sizes["calls"], seed=sizes["rows"][0])
   shape = ({"heads": 4, "kv_heads": 2, "head_dim": 64} if small else {"heads": 32, "kv_heads": 8, "head_dim": 128})

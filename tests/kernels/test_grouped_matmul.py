@@ -1,5 +1,5 @@
 """Grouped matmuls: the TPU kernels (megablox, in Pallas interpret mode) and `lax.ragged_dot` equal float64
-brute force, output and gradients, on the shapes of clawjax/models/grouped_matmul_check.py (empty groups,
+brute force, output and gradients, on the shapes of clawjax/kernels/grouped_matmul/check.py (empty groups,
 groups inside tiles, NaN rows outside every group, dimensions off the tiles); and the step lowered for a
 TPU or a GPU from this host gets that platform's kernel, with no XLA ragged dot left."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from clawjax.kernels.grouped_matmul.dispatch import grouped_matmul
+from clawjax.kernels.grouped_matmul import grouped_matmul
 from clawjax.kernels.grouped_matmul.check import CASES, Case, max_errors
 from tests.aot import devices_or_skip
 

@@ -1,18 +1,16 @@
-"""Tree attention: the mask rule against a float64 brute force, blocked == dense (values and gradients),
-and tree-packed logits == each root-to-leaf path run alone."""
+"""Tree attention's references: the mask rule against a float64 brute force, blocked == dense (values and
+gradients), blocked's block skipping and memory."""
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from clawjax.models import attention
-from clawjax.models.config import preset
-from clawjax.models.model import Decoder, causal_inputs
+from clawjax.kernels import tree_attention as attention
+from clawjax.kernels.tree_attention import reference
 
-from tests.models.helpers import forward, pack_row, random_tree, rel_err
+from tests.models.helpers import pack_row, random_tree, rel_err
 
 
 def packed_rows(seed: int, length: int, vocab: int, trees_per_row=(2, 3)):
@@ -81,37 +79,11 @@ def test_blocked_skips_invisible_blocks():
   seg = jnp.ones((1, t), jnp.int32)
   end = jnp.arange(1, t + 1, dtype=jnp.int32)[None]  # every token sees only itself
   def is_needed(qs, ks):
-    return bool(attention.block_needed(qs, seg[:, qs:qs + block], ks, seg[:, ks:ks + block],
+    return bool(reference.block_needed(qs, seg[:, qs:qs + block], ks, seg[:, ks:ks + block],
                                        end[:, ks:ks + block], block))
 
   table = [[is_needed(qs, ks) for ks in range(0, t, block)] for qs in range(0, t, block)]
   assert table == [[i == j for j in range(4)] for i in range(4)]
-
-
-@pytest.mark.parametrize("name,impl", [("test-tiny-vocab", "dense"), ("test-tiny-vocab", "blocked"),
-                                       ("test-tiny-moe", "blocked")])
-def test_tree_logits_equal_paths_alone(name, impl):
-  cfg = preset(name, attention_impl=impl, attention_block=16)
-  model = Decoder(cfg, rngs=nnx.Rngs(0))
-  rows, trees = packed_rows(5, 64, vocab=cfg.vocab_size)
-  packed = forward(model, *(jnp.asarray(rows[k]) for k in ("tokens", "positions", "segment_ids", "subtree_end")))
-  # Every path as its own causal sequence (padded at the end, which a causal model never sees).
-  paths, where = [], []
-  for r, row_trees in enumerate(trees):
-    offset = 0
-    for tree in row_trees:
-      for path in tree.paths:
-        paths.append(tree.tokens[path])
-        where.append((r, offset + np.asarray(path)))
-      offset += len(tree.tokens)
-  longest = max(len(p) for p in paths)
-  alone_tokens = np.zeros((len(paths), longest), np.int32)
-  for i, p in enumerate(paths):
-    alone_tokens[i, :len(p)] = p
-  alone = np.asarray(forward(model, *causal_inputs(jnp.asarray(alone_tokens))))
-  assert len(paths) > len(trees[0]) + len(trees[1])  # some tree actually branches
-  for i, (r, idx) in enumerate(where):
-    assert rel_err(packed[r, idx], alone[i, :len(idx)]) < 1e-5
 
 
 def test_blocked_memory_is_linear_in_length():
@@ -123,7 +95,7 @@ def test_blocked_memory_is_linear_in_length():
   ids = jax.ShapeDtypeStruct((b, t), jnp.int32)
 
   def loss(q, k, v, seg, end):
-    return jnp.sum(attention.blocked_attention(q, k, v, seg, end, block=block))
+    return jnp.sum(reference.blocked_attention(q, k, v, seg, end, block=block))
 
   compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, k, ids, ids).compile()
   scratch = compiled.memory_analysis().temp_size_in_bytes

@@ -1,19 +1,18 @@
-"""Tree attention as a block-sparse Pallas flash-attention kernel (`KERNELS["pallas"]`): the one place that
-chooses the kernel per platform.
+"""Tree attention as a block-sparse Pallas flash-attention kernel (`attention_impl="pallas"`): the one
+place that chooses the kernel per platform.
 
-Same contract and mask rule as `attention.dense_attention`: q [B, T, N, H], k/v [B, T, K, H] (GQA),
-segment ids and subtree ends [B, T]; key j is visible to query i iff segment[i] == segment[j] != 0 and
-j <= i < subtree_end[j]. Rows with no visible key give 0. Both kernels read the layout of
-block_sparse.py (per-row lists of visible key blocks, computed on device): an invisible block is neither
-loaded nor computed, forward or backward (dQ and dK/dV recomputed from the saved logsumexp).
+Same contract and mask rule as `reference.dense_attention`: q [B, T, N, H], k/v [B, T, K, H] (GQA),
+segment ids and subtree ends [B, T] (mask.py). Rows with no visible key give 0. Both kernels read the
+layout of block_sparse.py (per-row lists of visible key blocks, computed on device): an invisible block
+is neither loaded nor computed, forward or backward (dQ and dK/dV recomputed from the saved logsumexp).
 
 What runs where is chosen when the program is lowered (`lax.platform_dependent`), so a config runs
 unchanged on any backend, and a jit compiled for a TPU slice or a GPU node from a CPU host gets that
-accelerator's kernel:
-  TPU:       the Mosaic kernel (pallas_tpu_attention.py) at `block`.
-  CUDA GPU:  the Triton kernel (pallas_gpu_attention.py) at min(block, gpu_block) rounded down to a power
-             of two (at least 16): Triton tiles are far smaller than a TPU's (the default `block` 512 is
-             64 on a GPU).
+accelerator's kernel (`LOWERINGS` says which and why):
+  TPU:       the Mosaic kernel (mosaic_tpu.py) at `block`.
+  CUDA GPU:  the Triton kernel (triton_gpu.py) at min(block, gpu_block) rounded down to a power of two
+             (at least 16): Triton tiles are far smaller than a TPU's (the default `block` 512 is 64 on
+             a GPU).
   elsewhere: the Mosaic kernel in Pallas interpret mode (correct, slow: for tests on a CPU).
 """
 
@@ -23,7 +22,6 @@ import functools
 
 import jax
 
-from clawjax.kernels.tree_attention.block_sparse import block_table, compact, pad_to_block, pallas_attention_flops
 from clawjax.kernels.tree_attention.triton_gpu import GPU_BLOCK, gpu_attention, tile
 from clawjax.kernels.tree_attention.mosaic_tpu import tpu_attention
 
@@ -31,8 +29,23 @@ from clawjax.kernels.tree_attention.mosaic_tpu import tpu_attention
 # lowering the attention got (clawjax/aot/lowering.py).
 SCOPE = "tree_attention"
 
-__all__ = ["GPU_BLOCK", "block_table", "compact", "kernel_block", "pad_to_block", "pallas_attention",
-           "pallas_attention_flops"]
+# platform (as `lax.platform_dependent` names it; "default": any other) -> (what runs, why).
+LOWERINGS = {
+    "tpu": ("mosaic_tpu", "the Mosaic kernel: TPU blocks at `block` (a multiple of 128), lists in SMEM"),
+    "cuda": ("triton", "the Triton kernel at `kernel_block`: a GPU's tiles are far smaller than a TPU's"),
+    "default": ("interpret", "no Pallas compiler for this backend: the Mosaic kernel in the Pallas "
+                "interpreter (correct, slow: for tests)"),
+}
+
+
+def platform_of(device: jax.Device) -> str:
+  """The device's platform as `lax.platform_dependent` names it ("cuda" for a GPU)."""
+  return "cuda" if device.platform == "gpu" else device.platform
+
+
+def lowering(platform: str) -> tuple[str, str]:
+  """(what `pallas_attention` runs as on `platform`, why): "mosaic_tpu", "triton" or "interpret"."""
+  return LOWERINGS.get(platform, LOWERINGS["default"])
 
 
 def kernel_block(block: int, platform: str, gpu_block: int = GPU_BLOCK) -> int:
@@ -43,7 +56,7 @@ def kernel_block(block: int, platform: str, gpu_block: int = GPU_BLOCK) -> int:
 
 def pallas_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int = 512,
                      gpu_block: int = GPU_BLOCK) -> jax.Array:
-  """The kernel contract of `attention.dense_attention`. `block`: query and key block (a multiple of 128
+  """The kernel contract of `reference.dense_attention`. `block`: query and key block (a multiple of 128
   on TPU); `gpu_block`: the most a GPU tile may be (a power of two >= 16)."""
   tpu = functools.partial(tpu_attention, block=block)
   with jax.named_scope(SCOPE):
