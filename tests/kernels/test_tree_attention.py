@@ -32,7 +32,7 @@ def brute_force_attention(q, k, v, segment_ids, subtree_end):
   out = np.zeros((b, t, n, h))
   for bi in range(b):
     for i in range(t):
-      keys = [j for j in range(t) if segment_ids[bi, i] == segment_ids[bi, j] != 0 and j <= i < subtree_end[bi, j]]
+      keys = [j for j in range(t) if segment_ids[bi, i] == segment_ids[bi, j] > 0 and j <= i < subtree_end[bi, j]]
       for head in range(n):
         if not keys:
           continue
@@ -84,6 +84,23 @@ def test_blocked_skips_invisible_blocks():
 
   table = [[is_needed(qs, ks) for ks in range(0, t, block)] for qs in range(0, t, block)]
   assert table == [[i == j for j in range(4)] for i in range(4)]
+
+
+def test_negative_segment_ids_are_padding_to_every_implementation():
+  """One rule for segment ids (mask.py): an id <= 0 is padding to dense, blocked and the block-sparse Pallas
+  kernel (interpret mode) alike, as to the float64 brute force: it sees nothing and nothing sees it."""
+  t = 48
+  rows, _ = packed_rows(6, t, vocab=50, trees_per_row=(3, 4))
+  seg, end = rows["segment_ids"].copy(), rows["subtree_end"]
+  seg[0][seg[0] == 2] = -2  # a whole tree of row 0 under a negative id
+  seg[1, 5:9] = -1          # a stretch inside a tree of row 1
+  assert (seg[0] == -2).any() and (seg[1] > 0).any()
+  q, k, v = random_qkv(7, 2, t)
+  ref = brute_force_attention(*(np.asarray(x, np.float64) for x in (q, k, v)), seg, end)
+  assert not ref[seg <= 0].any() and ref[seg > 0].any()
+  for impl, block in (("dense", 0), ("blocked", 8), ("pallas", 16)):
+    out = jax.jit(functools.partial(attention.KERNELS[impl], block=block))(q, k, v, jnp.asarray(seg), jnp.asarray(end))
+    assert rel_err(out, ref) < 1e-5, impl
 
 
 def test_blocked_memory_is_linear_in_length():
