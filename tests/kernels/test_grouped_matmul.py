@@ -4,6 +4,9 @@ groups inside tiles, NaN rows outside every group, dimensions off the tiles); an
 TPU or a GPU from this host gets that platform's kernel, with no XLA ragged dot left."""
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +28,21 @@ def test_kernel_equals_float64_brute_force(kernel):
     for name, value in errors[case.name].items():
       if name.startswith("kernel_"):
         assert value <= _BOUND[case.dtype], (case.name, name, value)  # a NaN fails too
+
+
+@pytest.mark.slow
+def test_benchmark_times_each_kernel_beside_its_check():
+  """benchmarks/grouped_matmul_kernels.py at toy size on the CPU: the TPU kernel in the interpreter and
+  `lax.ragged_dot` each timed, each with its check's errors (what it reports on a GPU or TPU)."""
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+  import grouped_matmul_kernels  # pylint: disable=import-outside-toplevel
+  out = grouped_matmul_kernels.main(["--json", "--tokens", "32", "--top-k", "2", "--k", "128", "--n", "128",
+                                     "--experts", "4", "--repeats", "1"])
+  assert out["rows"] == 64
+  for kernel in ("megablox_interpret", "xla"):
+    assert out[kernel]["step_s"] > 0 and out[kernel]["tflops_per_s"] > 0
+    assert set(out[kernel]["errors"]) == {case.name for case in CASES}
+    assert out[kernel]["errors"]["ragged_bf16"]["kernel_dx"] <= _BOUND["bfloat16"]
 
 
 def test_unknown_kernel_is_named():

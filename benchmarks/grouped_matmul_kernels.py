@@ -6,7 +6,7 @@ Shapes default to a Qwen3-30B-A3B layer's gate projection on an 8K-token row: 8,
 65,536 rows, k = 2,048, n = 768, 128 experts, the rows split over the experts as a uniform router splits
 them. On a CPU the TPU kernel runs in the Pallas interpreter: pass small sizes.
 
-  python benchmarks/grouped_matmul.py --json [--kernels mosaic_gpu xla] [--tokens 8192]
+  python benchmarks/grouped_matmul_kernels.py --json [--kernels mosaic_gpu xla] [--tokens 8192]
 """
 
 from __future__ import annotations
