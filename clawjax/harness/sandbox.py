@@ -10,11 +10,11 @@ host's file tree outside those paths exists for it (task checkers, call logs, ot
 workspaces).
 
 Without bubblewrap, or when it cannot create namespaces here, `mode="auto"` falls back to a plain
-subprocess in its own process group, with a warning in the log and `SandboxResult.sandbox == "none"`:
-the workspace is then only the working directory, the file system and network are the host's. Runs that
-need the isolation use `mode="bwrap"`, which refuses to run without it (`SandboxError`, naming the
-install command); `isolation(config)` says before a run what its rollouts will run under, with the
-fields each rollout record carries.
+subprocess in its own process group, with a warning in the log (once per process) and
+`SandboxResult.sandbox == "none"` in every result: the workspace is then only the working directory,
+the file system and network are the host's. Runs that need the isolation use `mode="bwrap"`, which
+refuses to run without it (`SandboxError`, naming the install command); `isolation(config)` says before
+a run what its rollouts will run under, with the fields each rollout record carries.
 
 Python inside (the relay, the mini harness) imports the clawjax this process imported, which comes
 first on PYTHONPATH there in either mode: a venv's editable install may name another checkout.
@@ -38,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -213,12 +214,25 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
       continue
 
 
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_fallback(reason: str) -> None:
+  """Once per process and reason (each rollout record says it too): a run's log is not 800 copies of it."""
+  with _warned_lock:
+    if reason in _warned:
+      return
+    _warned.add(reason)
+  log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", reason)
+
+
 def run(spec: SandboxSpec, config: SandboxConfig = SandboxConfig()) -> SandboxResult:
   """Runs `spec` to completion or timeout; stdout/stderr go to the spec's files."""
   iso = isolation(config)
   use_bwrap = iso["sandbox"] == "bwrap"
   if iso["sandbox_fallback"]:
-    log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", iso["sandbox_fallback"])
+    _warn_fallback(iso["sandbox_fallback"])
   env = {"HOME": str(spec.home), **spec.env, "PYTHONPATH": _python_path(spec.env)}
   # Relay only when the network is isolated; a shared network reaches the shim directly.
   relayed = use_bwrap and config.isolate_network and bool(spec.loopback_ports)

@@ -187,6 +187,17 @@ def test_auto_mode_falls_back_loudly_when_bwrap_cannot_run(dirs, monkeypatch, ca
   assert out.strip() == str(dirs[1])
 
 
+def test_the_fallback_is_logged_once_not_once_a_rollout(dirs, monkeypatch, caplog):
+  """(A run without bubblewrap logged it for 816 of its 1,023 lines.) Every result still says it."""
+  reason = f"bwrap not found on PATH ({dirs[0].name})"
+  monkeypatch.setattr(sandbox, "bwrap_problem", lambda: reason)
+  with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+    results = [_run(dirs, "print(1)")[0] for _ in range(3)]
+  assert [r.fallback_reason for r in results] == [reason] * 3
+  assert [r.getMessage() for r in caplog.records].count(
+      f"harness sandbox: falling back to a plain subprocess (no isolation): {reason}") == 1
+
+
 @pytest.mark.parametrize("problem", ["bwrap not found on PATH (Debian: apt-get install -y bubblewrap)",
                                      "bwrap cannot create namespaces here: Operation not permitted"])
 def test_bwrap_mode_refuses_to_run_without_it_and_names_the_install(dirs, monkeypatch, problem):
