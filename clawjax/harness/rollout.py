@@ -43,6 +43,7 @@ from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
 from clawjax.harness.pool import run_concurrently
 from clawjax.tasks import Task
+from clawjax.tasks.confined import DRAIN_S
 from clawjax.tasks.judge import JudgeConfig
 from clawjax.tasks.scoring import ScoringConfig, score
 from clawjax.tasks.workspace import make_workspace
@@ -69,9 +70,27 @@ class RolloutConfig:
   # checkers). On a host shared with the learner this keeps rollouts off the learner's cores (see
   # clawjax.cpus); "" leaves every affinity as it is.
   cores: str = ""
+  # Seconds a GRPO group of a training step may take, from its first rollout's start: past it, the
+  # rollouts still running are given up and the group is dropped as `overdue` (counted), and the step
+  # goes on without it (clawjax.run.deadline). None: 2 x `rollout_bound_s()`, since a group's last
+  # rollout may wait for a free slot as long as a whole rollout takes.
+  group_deadline_s: float | None = None
 
   def __post_init__(self):
     parse_cpu_list(self.cores, "config.rollout.cores")
+    if self.group_deadline_s is not None and not self.group_deadline_s > 0:
+      raise ValueError(f"config.rollout.group_deadline_s: {self.group_deadline_s} must be > 0 (or None: derived)")
+
+  def rollout_bound_s(self) -> float:
+    """How long one rollout may take by its own timeouts: the harness's (timeout_s, then the kill's
+    grace), settling, four shim requests, the checker twice (reward.sh, then check.py for its metrics:
+    each its timeout and its output's drain) and every attempt of the judge."""
+    judge = 0.0 if self.judge is None else (self.judge.retries + 1) * self.judge.timeout_s
+    return (self.timeout_s + self.sandbox.kill_grace_s + self.settle_timeout_s + 4 * self.http_timeout_s
+            + 2 * (self.scoring.timeout_s + DRAIN_S) + judge)
+
+  def group_deadline(self) -> float:
+    return self.group_deadline_s if self.group_deadline_s is not None else 2 * self.rollout_bound_s()
 
 
 @dataclasses.dataclass

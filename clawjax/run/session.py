@@ -24,14 +24,16 @@ listing, unique across reruns (the shim refuses an id whose log exists) and not 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
 import pathlib
 import re
 import secrets
+import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from clawjax import auth, progress
 from clawjax.calllog import CallLogWriter, RolloutRecord
@@ -39,6 +41,7 @@ from clawjax.cpus import check_available, parse_cpu_list, pin_thread, thread_pin
 from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.models.vocab import text_source
+from clawjax.run.deadline import GroupClock, Timer
 from clawjax.run.settings import EngineSettings, ModelSettings
 from clawjax.serving.backends.base import Backend, BackendError, create_backend
 from clawjax.serving.front import ShimProcessPool
@@ -185,11 +188,15 @@ class PolicySession:
     if self.engine is not None:
       self.engine.close()
 
-  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str) -> RolloutOutcome:
-    """Runs one job; it always ends as one rollout record in `writer` (thread-safe: call it from many
-    threads at once)."""
-    rid = rollout_id(label, job)
-    extra = {"process_index": self.process_index, **({"group": job.group} if job.group is not None else {})}
+  def record_extra(self, job: RolloutJob) -> dict[str, Any]:
+    """What every record of the job carries beside the rollout's own fields."""
+    return {"process_index": self.process_index, **({"group": job.group} if job.group is not None else {})}
+
+  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str, rid: str | None = None) -> RolloutOutcome:
+    """Runs one job (as rollout `rid`, by default a fresh id); it always ends as one rollout record in
+    `writer` (thread-safe: call it from many threads at once)."""
+    rid = rid or rollout_id(label, job)
+    extra = self.record_extra(job)
     pin_thread(self._cores)  # this pool thread, and the sandbox and checker it starts
     try:
       return run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
@@ -203,11 +210,23 @@ class PolicySession:
 
   def run(self, jobs: Sequence[RolloutJob], writer: CallLogWriter, *, label: str, desc: str = "",
           on_result: Callable[[RolloutJob, RolloutOutcome], None] | None = None,
-          concurrency: int | None = None) -> list[RolloutOutcome]:
+          concurrency: int | None = None, group_deadline_s: float | None = None,
+          timer: Callable[[float, Callable[[], None]], Timer] = threading.Timer) -> list[RolloutOutcome]:
     """Runs the jobs `concurrency` (default cfg.concurrency) at a time; every job ends as one rollout
     record in `writer`. Outcomes come back in job order; `on_result` sees each as it finishes, in this
-    thread."""
-    done = run_concurrently(lambda job: (job, self.rollout(job, writer, label)), jobs,
+    thread. With `group_deadline_s`, the jobs of each GRPO group (`job.group`) that have not ended that
+    long after the group's first started are given up (clawjax.run.deadline)."""
+    sizes = collections.Counter(job.group for job in jobs if job.group is not None)
+    clocks = {g: GroupClock(group_deadline_s, n, timer) for g, n in sizes.items()} if group_deadline_s else {}
+
+    def one(job: RolloutJob) -> tuple[RolloutJob, RolloutOutcome]:
+      clock = clocks.get(job.group)
+      if clock is None:
+        return job, self.rollout(job, writer, label)
+      rid = rollout_id(label, job)
+      return job, clock.run(job, rid, writer, lambda gated: self.rollout(job, gated, label, rid), self.record_extra(job))
+
+    done = run_concurrently(one, jobs,
                             concurrency or self.cfg.concurrency, desc=desc,
                             on_result=(lambda r: on_result(*r)) if on_result else None,
                             progress=self.cfg.progress, score=lambda r: r[1].record.reward,

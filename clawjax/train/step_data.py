@@ -9,6 +9,9 @@ failures are too long would train its successes at A = 0).
 Which rollouts are trained (each exclusion is counted under its reason in `StepData.counts`):
   unreadable  a record of the rollout could not be read (clawjax.calllog.load names the file and line):
               the rollout is left out whole, not trained on the calls that remain: `unreadable`;
+  overdue     every rollout of a group that passed its deadline (`rollout.group_deadline_s`: a record
+              with `extra.overdue` stands for each rollout given up), also those that ended in time:
+              `overdue` (and the groups: `overdue_groups`);
   status      the rollout record is not "ok" (crashed, timed out, unscored): `status_<status>`;
   no_record   calls without a rollout record (the rollout never finished): `no_record`;
   reward      a reward that is not finite, or outside `reward_range` with `out_of_range="reject"`:
@@ -131,11 +134,17 @@ def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filte
   for rid, problem in sorted(loaded.excluded.items()):
     counts["unreadable"] += 1
     log.warning("rollout %s left out: a record could not be read: %s", rid, problem)
+  overdue = {group_key(r) for r in loaded.rollouts.values() if (r.extra or {}).get("overdue")}
+  if overdue:
+    counts["overdue_groups"] = len(overdue)
   for rid in loaded.rollout_ids():
     record = loaded.rollouts.get(rid)
     calls = loaded.calls.get(rid, [])
     if record is None:
       counts["no_record"] += 1
+      continue
+    if group_key(record) in overdue:
+      counts["overdue"] += 1
       continue
     reward, why = _reward(record, batch)
     if why:
