@@ -10,7 +10,8 @@ Status of the record (only "ok" rollouts are trained on; the others are counted)
   ok       the harness ran and the workspace was scored; reward = the final score.
   timeout  the harness ran past `timeout_s` and was killed.
   failed   the shim could not be reached, the sandbox could not start, the harness made no call, or it
-           exited non-zero right after a failed call (an HTTP failure it gave up on).
+           exited non-zero right after a failed call (an HTTP failure it gave up on); the reason ends with
+           the harness's own last words (`Adapter.last_words`: "error: Prompt is too long").
   error    the rollout ran but has no reward (the checker or judge produced no score).
 A harness that exits non-zero after a successful last call (e.g. it hit its own turn limit) is "ok":
 the checker decides its reward.
@@ -223,8 +224,9 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
     extra["n_calls"] = len(calls)
     extra["log_path"] = info.get("log_path")
     status, reason = _status(run, calls)
-    if reason:
-      extra["reason"] = reason
+    if reason:  # with the harness's own last words, which say why where our reason cannot
+      words = adapter.last_words(stdout, extra["stderr_tail"])
+      extra["reason"] = f"{reason}; {words}" if words else reason
     if status == "ok":
       transcript = adapter.transcript(home)
       extra["transcript_events"] = len(transcript)

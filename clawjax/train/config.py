@@ -23,7 +23,7 @@ from clawjax.harness.adapters import ADAPTERS
 from clawjax.harness.rollout import RolloutConfig
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
-from clawjax.run.settings import EngineSettings, ModelSettings
+from clawjax.run.settings import EngineSettings, ModelSettings, harness_context_problem
 from clawjax.serving.server import ShimConfig
 from clawjax.sharding import CompileTarget, MeshConfig
 from clawjax.train.cold_start import SFTConfig, check_demonstrator
@@ -99,10 +99,12 @@ class TrainConfig:
 
   def __post_init__(self):
     config_lib.import_plugins(self.plugins)
+    context = harness_context_problem(self.harnesses, self.shim.max_context, self.engine)
     checks = [
         ("tasks", self.tasks and pathlib.Path(self.tasks).exists(), f"{self.tasks!r} does not exist"),
         ("harnesses", self.harnesses and set(self.harnesses) <= set(ADAPTERS),
          f"{list(self.harnesses)} must be a non-empty subset of {sorted(ADAPTERS)}"),
+        ("harnesses", not context, context),
         ("tasks_per_step", self.tasks_per_step >= 1, "must be >= 1"),
         ("rollouts_per_task", self.rollouts_per_task >= 1, "must be >= 1"),
         ("steps", self.steps >= 1, "must be >= 1"),

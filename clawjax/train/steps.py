@@ -25,6 +25,7 @@ from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
 from clawjax.run.session import PolicySession, PolicyUpdateError
 from clawjax.train.config import TrainConfig
+from clawjax.train.failing_harness import HarnessFailedError, failing_harness
 from clawjax.train.layout import RunLayout
 from clawjax.train.learner_view import write_learner_view
 from clawjax.train.metrics import MetricsWriter
@@ -113,6 +114,7 @@ class StepTrainer:
           f"{trainer.layout.calls_dir}")
     self.cursor["step"] = step
     parts = distributed.allgather_json({**summary(data), "extra": extra})
+    failing = failing_harness(parts, step)  # (the same on every process: from every process's parts)
     m.update(step_metrics(parts))
     m.update(_merge_extra([p["extra"] for p in parts]))
     m.update({"learner_s": learner_s, "num_processes": float(len(parts))})
@@ -128,7 +130,7 @@ class StepTrainer:
       trainer.metrics.write("rl", step, m)
       raise
     m.update({"push_s": time.time() - t2, "policy_version": float(self.session.version)})
-    if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+    if step % cfg.checkpoint_every == 0 or step == cfg.steps or failing:
       trainer.ckpt.save(learner.state, cursor=self.cursor)
     trainer.metrics.write("rl", step, m)
     failures = [f for p in parts for f in p["failures"]]
@@ -136,5 +138,7 @@ class StepTrainer:
              m.get("reward/mean", float("nan")), int(m["rollouts_ok"]), int(m["rollouts"]),
              m["rollout_s"], learner_s, self.clock.tick(step),
              "; failures: " + " | ".join(failures) if failures else "")
+    if failing:
+      raise HarnessFailedError(failing)
     if cfg.eval_every and step % cfg.eval_every == 0 and distributed.is_primary():
       trainer.evaluate(self.session, step)
