@@ -23,6 +23,10 @@ from clawjax.calllog import CallLogWriter, Record, RolloutRecord
 from clawjax.harness.rollout import RolloutOutcome
 
 
+# A clawjax.run.session.RolloutJob (its task, harness and group; that module uses this one).
+RolloutJob = Any
+
+
 class Timer(Protocol):
   """What `threading.Timer(interval, function)` returns (a simulated clock may stand for it)."""
   daemon: bool
@@ -63,14 +67,14 @@ class GroupClock:
     self.deadline_s, self.size, self._timer_factory = deadline_s, size, timer
     self.lock = threading.Lock()
     self.overdue = False  # the deadline passed with a rollout of the group unrecorded
-    self._tickets: list[tuple[_Ticket, Callable[[], None]]] = []  # with how each would be given up
+    self._tickets: list[tuple[_Ticket, Callable[[], RolloutOutcome]]] = []  # with how each is given up
     self._ended = 0
     self._timer: Timer | None = None
 
-  def run(self, job: Any, rid: str, writer: CallLogWriter, rollout: Callable[[Any], RolloutOutcome],
-          extra: Mapping[str, Any] = {}) -> RolloutOutcome:  # pylint: disable=dangerous-default-value
-    """`rollout(gated_writer)` in a thread of its own, waiting for it until the group's deadline; then the
-    overdue outcome (its record written to `writer`, with `extra`)."""
+  def run(self, job: RolloutJob, rid: str, writer: CallLogWriter, rollout: Callable[[_Gated], RolloutOutcome],
+          extra: Mapping[str, Any]) -> RolloutOutcome:
+    """`rollout(gated_writer)` (rollout `rid` of `job`) in a thread of its own, waiting for it until the
+    group's deadline; then the overdue outcome (its record, with `extra`, written to `writer`)."""
     ticket = _Ticket()
     give_up = lambda: self._overdue_record(job, rid, writer, extra)
     with self.lock:
@@ -100,9 +104,9 @@ class GroupClock:
 
     threading.Thread(target=target, name=f"{threading.current_thread().name}-rollout", daemon=True).start()
     ticket.done.wait()
+    self._end()
     if ticket.error is not None:
       raise ticket.error
-    self._end()
     return ticket.outcome
 
   def _end(self) -> None:
@@ -121,7 +125,7 @@ class GroupClock:
       t.outcome = give_up()
       t.done.set()
 
-  def _overdue_record(self, job: Any, rid: str, writer: CallLogWriter, extra: Mapping[str, Any]) -> RolloutOutcome:
+  def _overdue_record(self, job: RolloutJob, rid: str, writer: CallLogWriter, extra: Mapping[str, Any]) -> RolloutOutcome:
     reason = (f"overdue: group {job.group} passed its deadline of {self.deadline_s:g} s (rollout.group_deadline_s) "
               "before this rollout ended; given up, and the group is not trained")
     record = RolloutRecord(rid, job.task.task_id, job.harness, None, "timeout",
