@@ -76,6 +76,13 @@ def rollout_id(label: str, job: RolloutJob) -> str:
   return f"{label}-{stem}-{job.harness}-{job.index}-{secrets.token_hex(16)}"
 
 
+def clocked_rollout(session: "PolicySession", clock: GroupClock, job: RolloutJob, writer: CallLogWriter,
+                    label: str) -> RolloutOutcome:
+  """`session.rollout` of the job, given up at its group's deadline (`clock`: clawjax.run.deadline)."""
+  rid = rollout_id(label, job)
+  return clock.run(job, rid, writer, lambda gated: session.rollout(job, gated, label, rid), session.record_extra(job))
+
+
 def chat_template(model: ModelSettings) -> ChatTemplate:
   """The tokenizer and chat template the shim renders for `model` (a preset names its tokenizer)."""
   return load_template(text_source(model.template or model.init), model.template_family)
@@ -221,10 +228,7 @@ class PolicySession:
 
     def one(job: RolloutJob) -> tuple[RolloutJob, RolloutOutcome]:
       clock = clocks.get(job.group)
-      if clock is None:
-        return job, self.rollout(job, writer, label)
-      rid = rollout_id(label, job)
-      return job, clock.run(job, rid, writer, lambda gated: self.rollout(job, gated, label, rid), self.record_extra(job))
+      return job, self.rollout(job, writer, label) if clock is None else clocked_rollout(self, clock, job, writer, label)
 
     done = run_concurrently(one, jobs,
                             concurrency or self.cfg.concurrency, desc=desc,

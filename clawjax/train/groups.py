@@ -21,7 +21,7 @@ import numpy as np
 
 from clawjax.calllog import CallLogWriter
 from clawjax.run.deadline import GroupClock, Timer
-from clawjax.run.session import PolicySession, RolloutJob, rollout_id
+from clawjax.run.session import PolicySession, RolloutJob, clocked_rollout
 from clawjax.tasks import Task
 
 
@@ -98,9 +98,7 @@ class GroupRunner:
 
     def one(job: RolloutJob) -> None:
       try:
-        rid = rollout_id(label, job)
-        clock.run(job, rid, writer, lambda gated: self.session.rollout(job, gated, label, rid),
-                  self.session.record_extra(job))
+        clocked_rollout(self.session, clock, job, writer, label)
       finally:
         with self._cv:
           remaining[0] -= 1
