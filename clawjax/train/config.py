@@ -37,8 +37,8 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 # goes, how it reports and where its services are (a restarted cluster), not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
-                     "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root", "distributed", "compile")
+                     "empty_step_retries", "max_skipped_steps", "failing_harness_steps", "engine.url",
+                     "engine.export_dir", "rollout.work_root", "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
@@ -82,6 +82,9 @@ class TrainConfig:
   # The run stops after this many consecutive steps with an update skipped for a non-finite loss or
   # gradient (the parameters were kept; the message names the step data to inspect).
   max_skipped_steps: int = 3
+  # The run stops, naming the harness and its reason, after this many steps in a row in which a harness
+  # failed every one of its rollouts the same way (clawjax/train/failing_harness.py); 0: never.
+  failing_harness_steps: int = 1
   model: ModelSettings = ModelSettings()
   engine: EngineSettings = EngineSettings()
   # The learner's mesh: every device of every process by default (data parallel); without a -1 axis,
@@ -128,6 +131,7 @@ class TrainConfig:
          f"{self.shim.workers} shim processes cannot share the embedded engine: serve the model with "
          "`python -m clawjax.engine` and use engine.backend=sglang, or one shim process"),
         ("max_skipped_steps", self.max_skipped_steps >= 1, "must be >= 1"),
+        ("failing_harness_steps", self.failing_harness_steps >= 0, "must be >= 0"),
         ("value_pretrain_steps", self.value_pretrain_steps == 0 or self.learner.value.kind != "none",
          "needs learner.value.kind 'shared' or 'separate'"),
         ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),

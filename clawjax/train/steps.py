@@ -25,7 +25,7 @@ from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
 from clawjax.run.session import PolicySession, PolicyUpdateError
 from clawjax.train.config import TrainConfig
-from clawjax.train.failing_harness import HarnessFailedError, failing_harness
+from clawjax.train.failing_harness import FailingHarnesses, HarnessFailedError
 from clawjax.train.layout import RunLayout
 from clawjax.train.learner_view import write_learner_view
 from clawjax.train.metrics import MetricsWriter
@@ -87,6 +87,7 @@ class StepTrainer:
     self.trainer, self.session, self.learner, self.cursor = trainer, session, learner, cursor
     self.vocab_size: int = learner.policy_model().cfg.vocab_size  # the ids a step's data may hold
     self.skipped_steps = 0
+    self.failing_harnesses = FailingHarnesses(trainer.cfg.failing_harness_steps)
     self.clock = progress.StepClock(trainer.cfg.steps)
 
   def train(self, step: int, data: StepData, extra: dict[str, float], data_path) -> None:
@@ -114,7 +115,7 @@ class StepTrainer:
           f"{trainer.layout.calls_dir}")
     self.cursor["step"] = step
     parts = distributed.allgather_json({**summary(data), "extra": extra})
-    failing = failing_harness(parts, step)  # (the same on every process: from every process's parts)
+    failing = self.failing_harnesses.check(parts, step)
     m.update(step_metrics(parts))
     m.update(_merge_extra([p["extra"] for p in parts]))
     m.update({"learner_s": learner_s, "num_processes": float(len(parts))})

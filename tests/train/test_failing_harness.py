@@ -21,7 +21,7 @@ import pytest
 from clawjax.config import ConfigError
 from clawjax.harness.adapters import get_adapter
 from clawjax.train.config import train_config
-from clawjax.train.failing_harness import failing_harness
+from clawjax.train.failing_harness import FailingHarnesses
 
 from tests.harness.helpers import install_or_skip
 
@@ -85,23 +85,32 @@ def _summary(harnesses: dict) -> dict:
   return {"harnesses": harnesses}
 
 
+SAME = {"rollouts": 2, "failed": {"failed; the harness made no model call (exit 1); error: Prompt is too long": 2}}
+HALF = {"rollouts": 1, "failed": {next(iter(SAME["failed"])): 1}}
+
+
 def test_a_harness_failing_every_rollout_the_same_way_is_named():
-  same = {"rollouts": 2, "failed": {"failed; the harness made no model call (exit 1); error: Prompt is too long": 2}}
-  mini = {"rollouts": 2, "failed": {}}
-  line = failing_harness([_summary({"mini": mini, "claude_code": same})], step=3)
+  line = FailingHarnesses(1).check([_summary({"mini": {"rollouts": 2, "failed": {}}, "claude_code": SAME})], step=3)
   assert line == ("config.harnesses: claude_code failed every one of its 2 rollouts of step 3 the same way (failed; "
                   "the harness made no model call (exit 1); error: Prompt is too long), so it cannot work in this "
                   "run; fix that, or leave claude_code out (step 3 was trained and checkpointed)")
   # Over processes: one process's share alone does not decide.
-  half = {"rollouts": 1, "failed": {next(iter(same["failed"])): 1}}
-  assert failing_harness([_summary({"claude_code": half}), _summary({"claude_code": {"rollouts": 1, "failed": {}}})],
-                         step=3) is None
-  assert failing_harness([_summary({"claude_code": half}), _summary({"claude_code": half})], step=3) is not None
+  assert FailingHarnesses(1).check([_summary({"claude_code": HALF}),
+                                    _summary({"claude_code": {"rollouts": 1, "failed": {}}})], step=3) is None
+  assert FailingHarnesses(1).check([_summary({"claude_code": HALF}), _summary({"claude_code": HALF})], step=3)
   # Two reasons, one rollout, a rollout that ran, or a timeout: the run goes on.
-  two = {"rollouts": 2, "failed": {"failed; a": 1, "failed; b": 1}}
-  assert failing_harness([_summary({"claude_code": two})], step=1) is None
-  assert failing_harness([_summary({"claude_code": half})], step=1) is None
-  assert failing_harness([_summary({"claude_code": {"rollouts": 3, "failed": {"failed; a": 2}}})], step=1) is None
+  for o in ({"rollouts": 2, "failed": {"failed; a": 1, "failed; b": 1}}, HALF, {"rollouts": 3, "failed": {"failed; a": 2}}):
+    assert FailingHarnesses(1).check([_summary({"claude_code": o})], step=1) is None
+  assert FailingHarnesses(0).check([_summary({"claude_code": SAME})], step=1) is None  # never
+
+
+def test_failing_harness_steps_counts_steps_in_a_row():
+  watch = FailingHarnesses(2)
+  ok = _summary({"claude_code": {"rollouts": 2, "failed": {}}})
+  assert [watch.check([s], step) for step, s in enumerate([_summary({"claude_code": SAME}), ok,
+                                                           _summary({"claude_code": SAME})], 1)] == [None] * 3
+  assert "of step 4 the same way (failed; the harness made no model call (exit 1); error: Prompt is too long) " \
+         "(2 steps in a row), so" in watch.check([_summary({"claude_code": SAME})], step=4)
 
 
 UNCHECKED = """from clawjax.harness import adapters
