@@ -169,7 +169,9 @@ def _key_data(seed: int) -> np.ndarray:
 
 
 class Engine:
-  """Batched KV-cache generation with one model; thread-safe; call `close()` when done."""
+  """Batched KV-cache generation with one model; thread-safe; call `close()` when done. The engine keeps
+  copies of `model`'s weights (as `update_params` does), never its arrays: the model may be changed,
+  deleted or donated afterwards."""
 
   def __init__(self, model, config: EngineConfig = EngineConfig(), version: int = 0):
     self.config = config
@@ -230,8 +232,9 @@ class Engine:
 
     Blocks until the update is applied (see the module docstring for requests in flight). The weights are
     copied into the engine's layout and devices here, in the caller's thread (`KVRunner.weights`: from a
-    learner on other devices of this process, device to device); `state` is not modified, and may be
-    donated once this returns.
+    learner on other devices of this process, device to device; on the same devices, a copy of every
+    array the engine would otherwise share with `state`); `state` is not modified, and its arrays may be
+    deleted or donated once this returns.
     """
     if version is not None and version < self.version:
       raise EngineError(f"weight version {version} is below the engine's {self.version}")

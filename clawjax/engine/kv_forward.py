@@ -372,11 +372,15 @@ class KVRunner:
     """The engine's copy of a Decoder state: its leaves in the compute dtype where that is narrower (the
     forward casts every parameter to it before use, so the values it computes with are the same), moved
     into the engine's shardings with `jax.device_put` (from a learner's devices: device to device), the
-    one-row copy laid out from them there, and ready when this returns, so the caller may then donate or
-    change `state`."""
+    one-row copy laid out from them there, and ready when this returns. Nothing returned shares a buffer
+    with `state`: a leaf that is neither cast nor moved is copied (the others are new arrays already), so
+    the caller may then delete, donate or change `state`'s arrays."""
     by_path = self._leaves_by_path(state)
-    narrow = lambda x: x.astype(self.weight_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-    leaves = jax.device_put([narrow(by_path[p]) for p in self._paths], self._shardings)
+    narrowed = [jnp.issubdtype(by_path[p].dtype, jnp.floating) and by_path[p].dtype != self.weight_dtype
+                for p in self._paths]
+    leaves = jax.device_put([by_path[p].astype(self.weight_dtype) if n else by_path[p]
+                             for p, n in zip(self._paths, narrowed)], self._shardings,
+                            may_alias=[None if n else False for n in narrowed])
     one_row = [_laid_out(leaves[i], n, s) for i, (n, s) in zip(self._linears, self._one_row)]
     return jax.block_until_ready((leaves, one_row))
 
