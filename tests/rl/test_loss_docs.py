@@ -34,15 +34,22 @@ def _files() -> dict[str, str]:
 
 @pytest.fixture
 def tutorial(tmp_path, monkeypatch):
-  """The doc's files written to a directory on sys.path, their losses unregistered again afterwards."""
+  """The doc's files written to a directory on sys.path; their modules and losses gone again afterwards
+  (other tests import modules of the same names)."""
   for name, text in _files().items():
     (tmp_path / name).write_text(text)
   monkeypatch.syspath_prepend(str(tmp_path))
-  for name in ("seq_pg", "reinforce_baseline"):
-    monkeypatch.delitem(LOSSES, name, raising=False)
-  for module in ("my_losses", "my_baseline_loss"):
-    monkeypatch.delitem(sys.modules, module, raising=False)
-  return tmp_path
+  losses, modules = ("seq_pg", "reinforce_baseline"), ("my_losses", "my_baseline_loss", "check_my_loss")
+
+  def forget():
+    for name in losses:
+      LOSSES.pop(name, None)
+    for module in modules:
+      sys.modules.pop(module, None)
+
+  forget()
+  yield tmp_path
+  forget()
 
 
 def test_the_tutorial_check_runs_as_written_and_its_options_are_checked(tutorial):
