@@ -17,7 +17,7 @@ import time
 from typing import Protocol
 
 from clawjax.calllog import CallLogWriter, RolloutRecord, iter_records
-from clawjax.run.session import PolicySession, RolloutJob
+from clawjax.run.session import PolicySession
 from clawjax.train.dynamic_sampling import draw_again, sampling_metrics
 from clawjax.train.groups import Group
 from clawjax.train.layout import RunLayout

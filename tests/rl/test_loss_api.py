@@ -3,9 +3,6 @@
 sequence-level loss refused on a batch that splits a rollout."""
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import pytest
 
 from clawjax.config import ConfigError
