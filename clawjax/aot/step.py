@@ -27,7 +27,7 @@ from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
 
 _ROW_FIELDS = ("tokens", "positions", "segment_ids", "subtree_end")
-_INT_SLOT_FIELDS = ("pred_index", "targets")
+_INT_SLOT_FIELDS = ("pred_index", "targets", "rollout")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,9 @@ a larger one, and it stays defined for a group of one. (Libraries that use the s
 divide by a larger std and so give advantages smaller by the factor sqrt((n - 1) / n): 6.5% smaller
 for n = 8.) A group of one rollout, or one whose
 rewards are all equal, carries no learning signal: its advantages are exactly 0 and it is counted.
+Each rollout also keeps its group's mean reward, `baselines_N` (its own reward in a group without
+signal), which the packer writes on its tokens: Dr. GRPO's advantage R - mean, without the std (the
+group-advantage losses' `advantage_std=False`, clawjax.rl.losses).
 
 PPO with gamma = lambda = 1: the GAE sum of TD errors along a trajectory telescopes to
 A_t = R - V(s_t), with returns = R. The learner computes it in the `ppo` loss (clawjax.rl.losses) from
@@ -50,6 +53,7 @@ def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> Rol
   group_ids = np.array([group_of[group_key(r)] for r in ok], np.int32)
   rewards = np.array([r.reward for r in ok], np.float64)
   advantages = np.zeros(len(ok), np.float64)
+  baselines = rewards.copy()  # a group of one, or of equal rewards, is its own baseline: R - b = 0 exactly
   singleton = zero_var = 0
   for g in range(len(groups)):
     members = group_ids == g
@@ -59,7 +63,9 @@ def grpo_advantages(rollouts: Iterable[RolloutRecord], eps: float = 1e-6) -> Rol
     elif r.max() == r.min():
       zero_var += 1
     else:
+      baselines[members] = r.mean()
       advantages[members] = (r - r.mean()) / (r.std() + eps)
   return RolloutScores(rollout_ids=[r.rollout_id for r in ok], group_ids_N=group_ids,
                        rewards_N=rewards.astype(np.float32), advantages_N=advantages.astype(np.float32),
+                       baselines_N=baselines.astype(np.float32),
                        groups=groups, singleton_groups=singleton, zero_variance_groups=zero_var)

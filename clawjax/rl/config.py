@@ -7,12 +7,20 @@ recipe where it gives one (lr 1e-6, clip 0.2 / 0.28, KL 0) and otherwise common 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
 from clawjax.config import Count, FractionBelow1, NonNegative, Positive
 
-NORMALISATIONS = ("unique", "paths")
+# How the step sums a batch's per-token losses into one (clawjax.rl.device_batch.aggregation_weights):
+#   "token"     sum over trained tokens / their number, a token shared by several kept paths counted once
+#   "paths"     each token weighted by the kept root-to-leaf paths through it: the mean over paths' tokens
+#   "rollout"   the mean over each rollout's tokens, then the mean over rollouts (each weighs the same)
+#   "constant"  each rollout's token sum / aggregation_tokens, then the mean over rollouts (Dr. GRPO)
+AGGREGATIONS = ("token", "paths", "rollout", "constant")
+# The old field `normalisation`, and the aggregation each of its values names.
+NORMALISATIONS = {"unique": "token", "paths": "paths"}
 VALUE_KINDS = ("none", "shared", "separate")
 OPTIMIZERS = ("adamw", "sgd")
 KL_ESTIMATORS = ("k3", "k2")
@@ -59,7 +67,13 @@ class LearnerConfig:
   # token gets no gradient through the ratio, as PPO's clip gives none past 1 +- eps.
   max_log_ratio: Positive[float] = 20.0
   temperature: Positive[float] = 1.0  # MUST equal the rollout sampling temperature: logp = log_softmax(z / T)
-  normalisation: str = "unique"    # "unique": a shared prefix token counts once; "paths": mean over paths
+  # How per-token losses become the batch's loss (AGGREGATIONS above); None: the loss's own (gspo's is
+  # "rollout", register_loss(aggregation=...)), else "token" (the paper's).
+  aggregation: str | None = None
+  # "constant" only: the fixed token count each rollout's sum is divided by (Dr. GRPO divides by the
+  # generation budget). No default: it depends on the harness's context, so it must be set.
+  aggregation_tokens: Count | None = None
+  normalisation: str | None = None  # the old name: "unique" = aggregation "token", "paths" = "paths"
   micro_batches: Count = 1         # micro-batches per batch: rows split evenly, gradients accumulated
   # Several optimizer updates per batch (PPO-style reuse), pi_old / V_old / pi_ref frozen before the
   # first: `epochs` passes over the batch, each of `minibatches` updates. A minibatch is 1/minibatches of
@@ -72,11 +86,24 @@ class LearnerConfig:
   logits_chunk: Count = 512        # loss tokens per vocab-projection chunk (memory: rows x chunk x vocab)
   seed: int = 0                    # seeds the learner RNG carried in the train state and checkpoints
   value: ValueConfig = ValueConfig()
-  loss_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # for user losses
+  # The loss's options, checked against the ones it declares (register_loss(options=...)): an unknown
+  # name or a wrong type is an error before anything starts. E.g. {"advantage_std": False} for grpo.
+  loss_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    if self.normalisation not in NORMALISATIONS:
-      raise ValueError(f"LearnerConfig.normalisation={self.normalisation!r}: use one of {NORMALISATIONS}")
+    _check_name("normalisation", self.normalisation, tuple(NORMALISATIONS))
+    _check_name("aggregation", self.aggregation, AGGREGATIONS)
+    if self.normalisation is not None:
+      named = NORMALISATIONS[self.normalisation]
+      if self.aggregation not in (None, named):
+        raise ValueError(f"LearnerConfig.normalisation={self.normalisation!r} (aggregation {named!r}) contradicts "
+                         f"aggregation={self.aggregation!r}; set aggregation alone")
+      object.__setattr__(self, "aggregation", named)
+    if self.aggregation_tokens is not None and self.aggregation_tokens < 1:
+      raise ValueError(f"LearnerConfig.aggregation_tokens={self.aggregation_tokens} must be >= 1")
+    if self.aggregation == "constant" and self.aggregation_tokens is None:
+      raise ValueError("LearnerConfig.aggregation='constant' needs aggregation_tokens (the fixed token count "
+                       "each rollout's sum is divided by)")
     if self.value.kind not in VALUE_KINDS:
       raise ValueError(f"LearnerConfig.value.kind={self.value.kind!r}: use one of {VALUE_KINDS}")
     if self.value.two_pass and self.value.kind != "separate":
@@ -94,3 +121,11 @@ class LearnerConfig:
                        f"{self.micro_batches}: a minibatch is a group of consecutive micro-batches")
     if self.temperature <= 0 or self.c_bar <= 0 or self.max_log_ratio <= 0:
       raise ValueError("LearnerConfig.temperature, c_bar and max_log_ratio must be > 0")
+
+
+def _check_name(field: str, value: str | None, allowed: tuple[str, ...]) -> None:
+  if value is None or value in allowed:
+    return
+  close = difflib.get_close_matches(str(value), allowed, n=2, cutoff=0.5)
+  hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+  raise ValueError(f"LearnerConfig.{field}={value!r}: use one of {allowed}{hint}")

@@ -4,6 +4,18 @@ The vocab projection is the learner's largest activation (64K tokens x 151K voca
 for trained tokens: each row lists its loss tokens in K slots (`pred_index` = the parent whose hidden
 state predicts the token), padded with weight 0.
 
+Aggregation (`aggregation_weights`): each slot carries `weight` a_t and `norm` n_t, and the batch's loss is
+sum_t a_t loss_t / sum_t n_t over the (mini)batch's slots; its metrics are a-weighted means. Per
+aggregation (u_t: 1 on a trained token, p_t: the kept paths through it, U_i: the trained tokens of
+rollout i, L: aggregation_tokens):
+  token     a = u,      n = u         (the mean over trained tokens)
+  paths     a = p,      n = p         (the mean over every path's tokens)
+  rollout   a = u / U_i, n = u / U_i  (each rollout's token mean, then the mean over rollouts)
+  constant  a = u / L,  n = u / U_i   (each rollout's token sum / L, then the mean over rollouts)
+n sums to the rollouts of a batch for the last two, so minibatches and micro-batches add up as before.
+The slots also carry the rollout structure a sequence-level loss reads (clawjax.rl.losses.rollout_mean):
+u_t, p_t and `rollout`, the index of the token's rollout among its row's.
+
 Rows are laid out by `RowLayout`: a global batch is every process's rows (one process: the batch's own),
 cut into `minibatches` runs, each process's rows split evenly over them in order; minibatch k is the
 micro-batches k x M/minibatches .. (k+1) x M/minibatches - 1, over every row shard. Only then are the
@@ -39,20 +51,42 @@ class DeviceBatch:
   subtree_end: np.ndarray   # [M, r, T] int32
   pred_index: np.ndarray    # [M, r, K] int32 row position whose hidden state predicts the loss token
   targets: np.ndarray       # [M, r, K] int32 the loss token
-  weight: np.ndarray        # [M, r, K] float32 the chosen normalisation weight; 0 on empty slots
+  weight: np.ndarray        # [M, r, K] float32 the aggregation weight a_t; 0 on empty slots
+  norm: np.ndarray          # [M, r, K] float32 the token's share n_t of the loss normaliser
   logp_rollout: np.ndarray  # [M, r, K] float32
   advantages: np.ndarray    # [M, r, K] float32
   returns: np.ndarray       # [M, r, K] float32
+  baselines: np.ndarray     # [M, r, K] float32 the mean reward of the rollout's group
+  unique_weight: np.ndarray  # [M, r, K] float32 u_t
+  path_weight: np.ndarray   # [M, r, K] float32 p_t
+  rollout: np.ndarray       # [M, r, K] int32 the index of the token's rollout in its row; -1 on empty slots
   row_order: np.ndarray     # [M, r] int32 the row's place in `RowLayout.order`; -1 on padding rows
 
 
-def _weight_RT(batch: PackedBatch, normalisation: str) -> np.ndarray:
-  return {"unique": batch.unique_weight_RT, "paths": batch.path_weight_RT}[normalisation]
+def aggregation_weights(batch: PackedBatch, aggregation: str, tokens: int | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
+  """(a_RT, n_RT) of `aggregation` (the module docstring; `tokens`: L of "constant"). A rollout's U_i
+  counts its trained tokens over the whole batch, also where its paths lie in several rows."""
+  u, p = batch.unique_weight_RT.astype(np.float32), batch.path_weight_RT.astype(np.float32)
+  if aggregation == "token":
+    return u, u
+  if aggregation == "paths":
+    return p, p
+  rollout = np.maximum(batch.rollout_index_RT, 0)
+  per_rollout = np.bincount(rollout.reshape(-1), weights=u.reshape(-1))
+  share = np.where(u > 0, u / np.maximum(per_rollout[rollout], 1.0), 0.0).astype(np.float32)
+  if aggregation == "rollout":
+    return share, share
+  if aggregation == "constant":
+    return (u / np.float32(tokens)).astype(np.float32), share
+  raise ValueError(f"aggregation {aggregation!r} is not one of token, paths, rollout, constant")
 
 
-def loss_slots_needed(batch: PackedBatch, normalisation: str, chunk: int) -> int:
-  """The most loss tokens in a row of `batch`, rounded up to a multiple of `chunk` (at least one chunk)."""
-  most = int((_weight_RT(batch, normalisation) > 0).sum(axis=1).max(initial=0))
+def loss_slots_needed(batch: PackedBatch, chunk: int) -> int:
+  """The most loss tokens in a row of `batch`, rounded up to a multiple of `chunk` (at least one chunk).
+  A loss token is trained under either weighting (in the paths layout a token repeated on a later path
+  has p = 1 and u = 0): every aggregation and rollout_mean weighting sees the same slots."""
+  most = int(batch.loss_mask_RT().sum(axis=1).max(initial=0))
   return -(-max(most, 1) // chunk) * chunk
 
 
@@ -116,9 +150,9 @@ class BatchShape:
   loss_slots: int
 
 
-def batch_shape(batch: PackedBatch, *, normalisation: str, chunk: int = 512) -> BatchShape:
+def batch_shape(batch: PackedBatch, *, chunk: int = 512) -> BatchShape:
   rows, length = batch.shape
-  return BatchShape(rows, length, loss_slots_needed(batch, normalisation, chunk))
+  return BatchShape(rows, length, loss_slots_needed(batch, chunk))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,8 +182,10 @@ def _empty_rows(rows: int, length: int, loss_slots: int) -> dict[str, np.ndarray
   rk = lambda dtype: np.zeros((rows, loss_slots), dtype)
   return dict(tokens=rt(), positions=rt(), segment_ids=rt(),
               subtree_end=np.broadcast_to(np.arange(1, length + 1, dtype=np.int32), (rows, length)).copy(),
-              pred_index=rk(np.int32), targets=rk(np.int32), weight=rk(np.float32), logp_rollout=rk(np.float32),
-              advantages=rk(np.float32), returns=rk(np.float32))
+              pred_index=rk(np.int32), targets=rk(np.int32), weight=rk(np.float32), norm=rk(np.float32),
+              logp_rollout=rk(np.float32), advantages=rk(np.float32), returns=rk(np.float32),
+              baselines=rk(np.float32), unique_weight=rk(np.float32), path_weight=rk(np.float32),
+              rollout=rk(np.int32) - 1)
 
 
 def _lay_out(fields: dict[str, np.ndarray], layout: RowLayout, process: int) -> DeviceBatch:
@@ -166,20 +202,38 @@ def empty_batch(layout: RowLayout, process: int, length: int, loss_slots: int) -
   return _lay_out(_empty_rows(1, length, loss_slots), layout, process)
 
 
-def prepare_batch(batch: PackedBatch, layout: RowLayout, *, normalisation: str, chunk: int = 512, process: int = 0,
-                  length: int | None = None, loss_slots: int | None = None) -> DeviceBatch:
+def _row_rollouts(batch: PackedBatch, mask_RT: np.ndarray, whole: bool) -> np.ndarray:
+  """[R, T] each loss token's rollout as an index among its row's rollouts (-1 elsewhere). `whole`: a
+  ValueError when a rollout's loss tokens lie in several rows (a sequence-level loss reduces within a row)."""
+  out = np.full(batch.shape, -1, np.int32)
+  rows_of: dict[int, int] = {}
+  for r in range(batch.shape[0]):
+    ids = batch.rollout_index_RT[r][mask_RT[r]]
+    _, out[r][mask_RT[r]] = np.unique(ids, return_inverse=True)
+    for i in np.unique(ids).tolist():
+      if whole and rows_of.setdefault(i, r) != r:
+        rid = batch.rollout_ids_N[i] if i < len(batch.rollout_ids_N) else i
+        raise ValueError(f"rollout {rid!r} has loss tokens in rows {rows_of[i]} and {r}: a sequence-level loss "
+                         "needs each rollout in one row, as the tree layout (pack_trees) keeps it")
+  return out
+
+
+def prepare_batch(batch: PackedBatch, layout: RowLayout, *, aggregation: str = "token",
+                  aggregation_tokens: int | None = None, whole_rollouts: bool = False, chunk: int = 512,
+                  process: int = 0, length: int | None = None, loss_slots: int | None = None) -> DeviceBatch:
   """Compact `batch` (the rows of `process` in `layout`) and lay it out, each row padded to `length`
-  tokens and `loss_slots` slots (default: the least it needs). A length and slot count fixed across
-  batches avoid a recompile per batch shape."""
-  weight_RT = _weight_RT(batch, normalisation)
-  mask_RT = weight_RT > 0
+  tokens and `loss_slots` slots (default: the least it needs), weighted by `aggregation`. A length and
+  slot count fixed across batches avoid a recompile per batch shape. `whole_rollouts`: refuse a batch
+  whose rollout spans rows (for a sequence-level loss)."""
+  weight_RT, norm_RT = aggregation_weights(batch, aggregation, aggregation_tokens)
+  mask_RT = batch.loss_mask_RT()
   if (mask_RT & (batch.parent_index_RT < 0)).any():
     r, t = np.argwhere(mask_RT & (batch.parent_index_RT < 0))[0]
     raise ValueError(f"PackedBatch: loss token at row {r}, position {t} has parent_index -1")
   rows, row_len = batch.shape
   counts = mask_RT.sum(axis=1)
   length = row_len if length is None else length
-  k = loss_slots_needed(batch, normalisation, chunk) if loss_slots is None else loss_slots
+  k = loss_slots_needed(batch, chunk) if loss_slots is None else loss_slots
   if counts.max(initial=0) > k:
     raise ValueError(f"a row has {counts.max()} loss tokens, more than loss_slots={k}")
   if rows != layout.counts[process] or length < row_len:
@@ -201,7 +255,11 @@ def prepare_batch(batch: PackedBatch, layout: RowLayout, *, normalisation: str, 
                       subtree_end=batch.subtree_end_RT).items():
     fields[name][:rows, :row_len] = x
   for name, x in dict(pred_index=np.maximum(rk(batch.parent_index_RT), 0), targets=rk(batch.tokens_RT),
-                      weight=rk(weight_RT), logp_rollout=rk(batch.rollout_logprobs_RT),
-                      advantages=rk(batch.advantages_RT), returns=rk(batch.returns_RT)).items():
+                      weight=rk(weight_RT), norm=rk(norm_RT), logp_rollout=rk(batch.rollout_logprobs_RT),
+                      advantages=rk(batch.advantages_RT), returns=rk(batch.returns_RT),
+                      baselines=rk(batch.baselines_RT), unique_weight=rk(batch.unique_weight_RT),
+                      path_weight=rk(batch.path_weight_RT)).items():
     fields[name][:rows] = x
+  fields["rollout"][:rows] = np.where(valid, np.take_along_axis(_row_rollouts(batch, mask_RT, whole_rollouts), idx,
+                                                                axis=1), -1)
   return _lay_out(fields, layout, process)

@@ -12,7 +12,8 @@ One `Learner.step(packed_batch)` is two jitted calls over a Mesh:
      micro-batches, or with `shuffle` a random deal of whole rows per epoch keyed by the rows' places in
      the batch: neither depends on `micro_batches` or the row shards. Each update: a scan over the
      minibatch's micro-batches, each adding sum(weight * token_loss) / N to the loss and its gradient,
-     N = the weight sum over the *minibatch*, so k micro-batches equal one big minibatch; then clip and
+     N = the sum of the slots' normaliser shares (`norm`; the weight sum, except for the "constant"
+     aggregation) over the *minibatch*, so k micro-batches equal one big minibatch; then clip and
      optimizer update. The defaults (1 epoch, 1 minibatch) are one update on the whole batch. A
      minibatch without loss tokens (padding rows only) is not an update: AdamW would still move the
      weights (moments, weight decay), so parameters and optimizer state are left as they were and it is
@@ -87,10 +88,11 @@ def _masked_mean(x: jax.Array, weight: jax.Array, norm: jax.Array) -> jax.Array:
   return jnp.sum(jnp.where(weight > 0, weight * x, 0.0)) / norm
 
 
-def _normaliser(batch: DeviceBatch) -> jax.Array:
-  """The global weight sum N over all micro-batches (1 for a batch without loss tokens)."""
-  norm = jnp.sum(batch.weight)
-  return jnp.where(norm > 0, norm, 1.0)
+def _normaliser(batch: DeviceBatch) -> dict[str, jax.Array]:
+  """The loss's normaliser N (the sum of the slots' `norm`) and the metrics' (the weight sum) over all
+  micro-batches (1 for a batch without loss tokens)."""
+  nonzero = lambda n: jnp.where(n > 0, n, 1.0)
+  return {"loss": nonzero(jnp.sum(batch.norm)), "metrics": nonzero(jnp.sum(batch.weight))}
 
 
 def _grad_norms(grads: dict[str, Any]) -> dict[str, jax.Array]:
@@ -150,6 +152,7 @@ class Learner:
     mesh's devices (clawjax/aot: compiling a config for an accelerator from a CPU host)."""
     self.cfg = cfg
     self.loss_spec = check_loss(cfg, where="LearnerConfig")
+    self.aggregation = self.loss_spec.aggregation_of(cfg)
     if (value is None) != (cfg.value.kind == "none"):
       raise ValueError(f"LearnerConfig.value.kind={cfg.value.kind!r} but value model "
                        f"{'missing' if value is None else 'given'}")
@@ -202,7 +205,7 @@ class Learner:
     self._train = jax.jit(traced(self._train_fn), in_shardings=(self.state_sharding, batch_sh, None, old_sh),
                           out_shardings=(self.state_sharding, replicated), donate_argnums=0)
     self._loss_and_grads = jax.jit(traced(self._loss_and_grads_fn),
-                                   in_shardings=(self.state_sharding, batch_sh, None),
+                                   in_shardings=(self.state_sharding, batch_sh, None, old_sh),
                                    out_shardings=(replicated, param_sh, replicated))
     self._loss = jax.jit(traced(self._loss_fn), in_shardings=(self.state_sharding, batch_sh, None),
                          out_shardings=replicated)
@@ -228,16 +231,18 @@ class Learner:
     process with fewer batches contributes empty rows only. No process holds the others' rows; each
     global array is assembled from the processes' own parts (`jax.make_array_from_process_local_data`)."""
     cfg = self.cfg
-    own = [batch_shape(b, normalisation=cfg.normalisation, chunk=cfg.logits_chunk) for b in batches]
+    own = [batch_shape(b, chunk=cfg.logits_chunk) for b in batches]
     everyone = distributed.allgather_json([dataclasses.astuple(s) for s in own])
     shapes = agree_shapes([[BatchShape(*s) for s in shapes] for shapes in everyone])
     self._loss_slots = max([self._loss_slots] + [s.loss_slots for s in shapes])
     process = distributed.process_index()
+    weighting = dict(aggregation=self.aggregation, aggregation_tokens=cfg.aggregation_tokens,
+                     whole_rollouts=self.loss_spec.sequence, chunk=cfg.logits_chunk)
     local = []
     for i, shape in enumerate(shapes):
       layout, size = self._layout(shape.counts), dict(length=shape.length, loss_slots=self._loss_slots)
-      local.append(prepare_batch(batches[i], layout, normalisation=cfg.normalisation, chunk=cfg.logits_chunk,
-                                 process=process, **size) if i < len(batches) else empty_batch(layout, process, **size))
+      local.append(prepare_batch(batches[i], layout, process=process, **weighting, **size) if i < len(batches)
+                   else empty_batch(layout, process, **size))
     return [jax.make_array_from_process_local_data(self.batch_sharding, b) for b in local]
 
   def _layout(self, counts: Sequence[int]) -> RowLayout:
@@ -274,16 +279,20 @@ class Learner:
     out["tokens_per_s"] = out["tokens"] / seconds
     return out
 
-  def loss_and_grads(self, batch: PackedBatch | DeviceBatch) -> tuple[float, dict, dict[str, float]]:
+  def loss_and_grads(self, batch: PackedBatch | DeviceBatch, old: dict[str, jax.Array] | None = None
+                     ) -> tuple[float, dict, dict[str, float]]:
     """Loss, gradient and metrics of one update on the whole batch at the current params, without
-    updating (the step's update with the default 1 epoch x 1 minibatch; for checks and benchmarks)."""
+    updating (the step's update with the default 1 epoch x 1 minibatch; for checks and benchmarks),
+    against `old` (`old_pass`, of this learner or another; default: at the current params, where every
+    ratio pi_theta / pi_old is 1)."""
     batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
-    loss, grads, metrics = self._loss_and_grads(self.state, batch, self.rest)
+    old = self._old(self.state, batch, self.rest) if old is None else old
+    loss, grads, metrics = self._loss_and_grads(self.state, batch, self.rest, old)
     return float(loss), grads, {k: float(v) for k, v in jax.device_get(metrics).items()}
 
   def loss(self, batch: PackedBatch | DeviceBatch) -> dict[str, float]:
     """The loss of the whole batch at the current params and its metrics, forward passes only, with
-    `loss_weight` (the weight sum N of every process's rows) and `tokens`."""
+    `loss_weight` (the loss's normaliser N over every process's rows) and `tokens`."""
     batch = self.prepare(batch) if isinstance(batch, PackedBatch) else batch
     return {k: float(v) for k, v in jax.device_get(self._loss(self.state, batch, self.rest)).items()}
 
@@ -311,7 +320,8 @@ class Learner:
     model = nnx.merge(self.policy_def, policy_params, rest[0])
     hidden = model.hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end)
     h_RKD = gather_rows(hidden, mb.pred_index)
-    logp, entropy = token_logprobs(model.logits, h_RKD, mb.targets, self.cfg.temperature, self.cfg.logits_chunk)
+    logp, entropy = token_logprobs(model.logits, h_RKD, mb.targets, self.cfg.temperature, self.cfg.logits_chunk,
+                                   entropy_grad=self.loss_spec.entropy_grad)
     return logp, entropy, h_RKD
 
   def _values(self, value_params: nnx.State, rest, mb: DeviceBatch, h_RKD: jax.Array) -> jax.Array:
@@ -343,19 +353,21 @@ class Learner:
 
     return jax.lax.map(one, batch)
 
-  def _token_loss(self, outputs: tuple, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
+  def _token_loss(self, outputs: tuple, mb: DeviceBatch, old: dict, norm: dict[str, jax.Array], rng: jax.Array):
     logp, entropy, values = outputs
     w_tis, _ = tis_weights(old["logp_old"], mb.logp_rollout, self.cfg.c_bar)
     x = TokenInputs(logp=logp, logp_old=old["logp_old"], logp_rollout=mb.logp_rollout, advantages=mb.advantages,
                     returns=mb.returns, mask=mb.weight > 0, entropy=entropy, values=values,
-                    values_old=old.get("values_old"), logp_ref=old.get("logp_ref"), rng=rng)
-    terms = self.loss_spec.fn(x, self.cfg)
-    token_loss = w_tis * terms.policy + terms.extra
-    metrics = {k: _masked_mean(v, mb.weight, norm) for k, v in terms.metrics.items()}
-    metrics["entropy"] = _masked_mean(entropy, mb.weight, norm)
-    return _masked_mean(token_loss, mb.weight, norm), metrics
+                    values_old=old.get("values_old"), logp_ref=old.get("logp_ref"), rng=rng, tis=w_tis,
+                    baselines=mb.baselines, rollout=mb.rollout, unique_weight=mb.unique_weight,
+                    path_weight=mb.path_weight)
+    terms = self.loss_spec(x, self.cfg)
+    token_loss = (terms.policy if terms.owns_tis else w_tis * terms.policy) + terms.extra
+    metrics = {k: _masked_mean(v, mb.weight, norm["metrics"]) for k, v in terms.metrics.items()}
+    metrics["entropy"] = _masked_mean(entropy, mb.weight, norm["metrics"])
+    return _masked_mean(token_loss, mb.weight, norm["loss"]), metrics
 
-  def _micro_grads(self, params: dict, rest, mb: DeviceBatch, old: dict, norm: jax.Array, rng: jax.Array):
+  def _micro_grads(self, params: dict, rest, mb: DeviceBatch, old: dict, norm: dict[str, jax.Array], rng: jax.Array):
     """((loss, metrics), grads) of one micro-batch's loss.
 
     With `value.two_pass` (a critic with its own trunk) the critic's gradient is taken after the policy's
@@ -380,7 +392,7 @@ class Learner:
     return out, {"policy": policy_grads, "value": critic_vjp(values_grad)[0]}
 
   @staticmethod
-  def _accumulate(grad_fn, batch: DeviceBatch, old: dict, norm: jax.Array):
+  def _accumulate(grad_fn, batch: DeviceBatch, old: dict, norm: dict[str, jax.Array]):
     """sum over micro-batches of (loss, grad, metrics), grad_fn(mb, old_mb, norm) giving each
     ((loss, metrics), grads), in a scan."""
     (loss, metrics), grads = _scan_sum(lambda xs: grad_fn(*xs, norm), (batch, old))
@@ -396,10 +408,9 @@ class Learner:
       return self._token_loss(outputs, mb, old, norm, step_rng)
 
     loss, metrics = _scan_sum(one, batch)
-    return dict(metrics, loss=loss, loss_weight=jnp.sum(batch.weight), tokens=_trunk_tokens(batch))
+    return dict(metrics, loss=loss, loss_weight=jnp.sum(batch.norm), tokens=_trunk_tokens(batch))
 
-  def _loss_and_grads_fn(self, state: TrainState, batch: DeviceBatch, rest):
-    old = self._old_pass(state, batch, rest)
+  def _loss_and_grads_fn(self, state: TrainState, batch: DeviceBatch, rest, old: dict[str, jax.Array]):
     norm = _normaliser(batch)
     _, step_rng = jax.random.split(state.rng)
     grad_fn = lambda mb, o, n: self._micro_grads(state.params, rest, mb, o, n, step_rng)
@@ -410,11 +421,11 @@ class Learner:
     metrics["tokens"] = _trunk_tokens(batch)
     return loss, grads, metrics
 
-  def _tis_metrics(self, batch: DeviceBatch, old: dict, norm: jax.Array) -> dict[str, jax.Array]:
+  def _tis_metrics(self, batch: DeviceBatch, old: dict, norm: dict[str, jax.Array]) -> dict[str, jax.Array]:
     _, truncated = tis_weights(old["logp_old"], batch.logp_rollout, self.cfg.c_bar)
     diff = jnp.abs(old["logp_old"] - batch.logp_rollout)
-    return {"tis_truncated_fraction": _masked_mean(truncated.astype(jnp.float32), batch.weight, norm),
-            "mean_abs_logp_old_minus_rollout": _masked_mean(diff, batch.weight, norm),
+    return {"tis_truncated_fraction": _masked_mean(truncated.astype(jnp.float32), batch.weight, norm["metrics"]),
+            "mean_abs_logp_old_minus_rollout": _masked_mean(diff, batch.weight, norm["metrics"]),
             "max_abs_logp_old_minus_rollout": jnp.max(jnp.where(batch.weight > 0, diff, 0.0))}
 
   def _train_fn(self, state: TrainState, batch: DeviceBatch, rest, old: dict[str, jax.Array]):
@@ -449,8 +460,10 @@ class Learner:
         updates, new_opt_state[name] = tx.update(grads[name], opt_state[name], params[name])
         new_params[name] = optax.apply_updates(params[name], updates)
       keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(trained & finite, a, b), new, old)
-      share = mb_norm / norm  # rescales minibatch means so that an epoch's sum is the batch mean
-      metrics = {k: v * share for k, v in dict(metrics, loss=loss).items()}
+      # Rescales minibatch means so that an epoch's sum is the batch mean.
+      share = {k: mb_norm[k] / norm[k] for k in norm}
+      metrics = {k: v * share["metrics"] for k, v in metrics.items()}
+      metrics["loss"] = loss * share["loss"]
       metrics.update({name: jnp.where(trained, v, 0.0) for name, v in norms.items()})
       metrics["skipped"] = (trained & ~finite).astype(jnp.float32)
       metrics["empty"] = 1.0 - trained.astype(jnp.float32)
@@ -497,7 +510,7 @@ class Learner:
       # A critic with its own trunk reads nothing of the policy's: no policy pass (nor vocab projection).
       h = None if self.cfg.value.kind == "separate" else self._policy_tokens(policy, rest, mb)[2]
       v = self._values(value_params, rest, mb, h)
-      return _masked_mean(value_loss(v, v, mb.returns, None), mb.weight, n), {}
+      return _masked_mean(value_loss(v, v, mb.returns, None), mb.weight, n["metrics"]), {}
 
     grad_fn = lambda mb, o, n: jax.value_and_grad(loss_fn, has_aux=True)(state.params["value"], mb, o, n)
     loss, grads, _ = self._accumulate(grad_fn, batch, {}, norm)

@@ -61,7 +61,7 @@ def zero_scores(trees: Sequence[CallTree]) -> RolloutScores:
   n = len(trees)
   return RolloutScores(rollout_ids=[t.rollout_id for t in trees], group_ids_N=np.zeros(n, np.int32),
                        rewards_N=np.zeros(n, np.float32), advantages_N=np.zeros(n, np.float32),
-                       groups=[("sft", "sft", None)], singleton_groups=0, zero_variance_groups=0)
+                       baselines_N=np.zeros(n, np.float32), groups=[("sft", "sft", None)], singleton_groups=0, zero_variance_groups=0)
 
 
 def pack(trees: Sequence[CallTree], plan: BatchPlan, *, row_len: int, rows: Sequence[int]) -> PackedBatch:

@@ -15,7 +15,9 @@ passed its deadline (`rollout.group_deadline_s`, clawjax.run.deadline: so no ste
 group for ever); a dropped group keeps its place in the count (the data order stays the cursor). A step with nothing to train (on
 any process) runs its groups again, up to `empty_step_retries` times, as the synchronous loop does; it
 keeps its step number, and the groups any attempt dropped are recorded with it (also those that a later
-attempt, sampling them again, trained).
+attempt, sampling them again, trained). With dynamic sampling (clawjax.train.dynamic_sampling) a step
+whose groups hold too few with a signal launches its further draws at once, on a runner of their own
+beside the groups in flight for later steps, and waits for them: they are sampled by the current policy.
 
 The checkpoint's cursor lists the groups launched and not trained, and the next step to sample; a
 resumed run runs those groups again, so no group is trained twice. In a multi-process run each process
@@ -36,6 +38,7 @@ import numpy as np
 
 from clawjax import distributed
 from clawjax.run.deadline import Timer
+from clawjax.train.dynamic_sampling import draw_again, sampling_metrics
 from clawjax.train.groups import CompletedGroup, Group, GroupRunner
 from clawjax.train.step_data import StepData, build_step, call_staleness, failure_reasons, has_data
 from clawjax.train.steps import Run, StepTrainer
@@ -50,7 +53,7 @@ class GroupedRun(Run):
 
   def owns(self, group: Group) -> bool: ...
 
-  def own_groups(self, step: int) -> list[Group]: ...
+  def own_groups(self, step: int, draw: int = 0) -> list[Group]: ...
 
 
 def run_async(trainer: GroupedRun, steps: StepTrainer, start: int,
@@ -59,6 +62,10 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int,
   cfg, layout = trainer.cfg, trainer.layout
   runner = GroupRunner(steps.session, cfg.rollouts_per_task, cfg.concurrency, layout.groups_dir,
                        cfg.rollout.group_deadline(), timer)
+  # Dynamic sampling's further draws of a step, run at once and waited for (not taken from the groups
+  # in flight for later steps).
+  draws = GroupRunner(steps.session, cfg.rollouts_per_task, cfg.concurrency, layout.groups_dir,
+                      cfg.rollout.group_deadline(), timer)
   pending = [trainer.group(i) for i in steps.cursor.get("pending", []) if trainer.owns(trainer.group(i))]
   next_step = int(steps.cursor.get("next_step", start + 1))
   try:
@@ -74,18 +81,19 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int,
           pending.append(group)
         next_step += 1
       t0 = time.time()
-      taken, split, data = _step_groups(trainer, runner, step, version, steps.vocab_size)
+      taken, split, data, sampling = _step_groups(trainer, runner, draws, step, version, steps.vocab_size)
       wait_s = time.time() - t0
       taken_ids = {c.group.index for c in taken}
       pending = [g for g in pending if g.index not in taken_ids]
       _write_groups(trainer, step, split)
-      extra = {"rollouts": float(len(taken) * cfg.rollouts_per_task), "rollout_s": wait_s,
+      extra = {"rollouts": sampling["groups/drawn"] * cfg.rollouts_per_task, "rollout_s": wait_s,
                "groups/taken": float(len(taken)), "groups/dropped_stale": float(len(split.stale)),
                "groups/dropped_overdue": float(len(split.overdue)),
                "calls_without_version": float(split.unversioned_calls),
                "groups/in_flight": float(len(runner.in_flight)),
                # Older groups still running while younger ones train: stragglers that moved on.
-               "groups/deferred": float(sum(g.index < max(taken_ids, default=-1) for g in runner.in_flight))}
+               "groups/deferred": float(sum(g.index < max(taken_ids, default=-1) for g in runner.in_flight)),
+               **sampling}
       if taken:
         extra["group_wall_s"] = float(np.median([c.wall_s for c in taken]))
       # Every process's pending groups, so that a resume of any process finds its own.
@@ -94,6 +102,7 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int,
       steps.train(step, data, extra, data_path=layout.groups_dir)
   finally:
     runner.close()
+    draws.close()
 
 
 @dataclasses.dataclass
@@ -105,12 +114,13 @@ class Freshness:
   overdue: list[CompletedGroup] = dataclasses.field(default_factory=list)  # given up (never trained)
 
 
-def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: int, vocab_size: int
-                 ) -> tuple[list[CompletedGroup], Freshness, StepData]:
-  """(taken, taken split by staleness, the step's data) of this process: the step's share of completed
-  groups. When no process has anything to train in them, they run again (a retry keeps the step's
-  number), up to `empty_step_retries` times; the split holds the last attempt's trained groups and every
-  attempt's dropped ones."""
+def _step_groups(trainer: GroupedRun, runner: GroupRunner, draws: GroupRunner, step: int, version: int,
+                 vocab_size: int) -> tuple[list[CompletedGroup], Freshness, StepData, dict[str, float]]:
+  """(taken, taken split by staleness, the step's data, its sampling metrics) of this process: the step's
+  share of completed groups, and with dynamic sampling the further draws it ran (on `draws`). When no
+  process has anything to train in them, they run again (a retry keeps the step's number), up to
+  `empty_step_retries` times; the split holds the last attempt's trained groups and every attempt's
+  dropped ones."""
   cfg = trainer.cfg
   bound = cfg.batch.max_staleness
   n = len(trainer.own_groups(step))
@@ -121,12 +131,27 @@ def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: i
     split = _fresh_groups(trainer, taken, version)
     dropped.stale += split.stale
     dropped.unversioned_calls += split.unversioned_calls
-    dropped.overdue += split.overdue
     # (An overdue group is loaded for its records, which build_step leaves out and counts.)
-    loaded = trainer.layout.load([c.path for c in split.fresh + split.overdue])
-    data = build_step(loaded, policy_version=version, vocab_size=vocab_size, filters=cfg.filters, batch=cfg.batch)
+    build = lambda: build_step(trainer.layout.load([c.path for c in split.fresh + split.overdue]),
+                               policy_version=version, vocab_size=vocab_size, filters=cfg.filters,
+                               batch=cfg.batch)
+    data, drawn = build(), 1
+    while draw_again(cfg.batch, data, drawn):
+      extra = trainer.own_groups(step, drawn)
+      for group in extra:
+        draws.launch(group, version)
+      more = _fresh_groups(trainer, draws.take(len(extra), due=version, later=[]), version)
+      split.fresh += more.fresh
+      split.overdue += more.overdue
+      dropped.stale += more.stale
+      dropped.unversioned_calls += more.unversioned_calls
+      data, drawn = build(), drawn + 1
+    dropped.overdue += split.overdue
     if has_data(data, step):
-      return taken, Freshness(split.fresh, dropped.stale, dropped.unversioned_calls, dropped.overdue), data
+      groups = n + sum(len(trainer.own_groups(step, d)) for d in range(1, drawn))
+      return (taken, Freshness(split.fresh, dropped.stale, dropped.unversioned_calls, dropped.overdue), data,
+              sampling_metrics(cfg.batch, data, drawn, groups, len(cfg.harnesses)))
+    loaded = trainer.layout.load([c.path for c in split.fresh + split.overdue])
     reasons = (failure_reasons(loaded) or [f"exclusions {data.counts}"]) + (
         [f"{len(split.stale)} groups dropped as stale"] if split.stale else [])
     log.warning("step %d: nothing to train in %d groups (attempt %d of %d): %s", step, n, attempt + 1,

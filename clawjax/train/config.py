@@ -137,6 +137,9 @@ class TrainConfig:
         ("batch.drop_uninformative_groups", not (self.batch.drop_uninformative_groups and self.learner.loss == "ppo"),
          "drops the groups whose GRPO advantages are all 0, but learner.loss 'ppo' takes its advantages from "
          "the critic; turn it off"),
+        ("batch.min_informative_groups", not (self.batch.min_informative_groups and self.learner.loss == "ppo"),
+         "draws tasks until enough groups have GRPO advantages that are not all 0, but learner.loss 'ppo' takes "
+         "its advantages from the critic; set it to 0"),
         ("async_rl", not self.async_rl or self.batch.max_staleness >= 1,
          "needs batch.max_staleness >= 1 (how many steps of rollouts may run ahead of the learner); it is 0"),
     ]

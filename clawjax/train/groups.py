@@ -48,12 +48,15 @@ def groups_per_step(tasks_per_step: int, n_tasks: int, n_harnesses: int) -> int:
 
 
 def step_groups(seed: int, tasks_per_step: int, harnesses: Sequence[str], tasks: Sequence[Task],
-                step: int) -> list[Group]:
+                step: int, draw: int = 0, max_draws: int = 1) -> list[Group]:
   """Step `step`'s groups in data order: its task sample (a function of (seed, step)), each task under
-  every harness."""
-  rng = np.random.default_rng([seed, step])
+  every harness. Dynamic sampling's further samples of the step, `draw` 1, 2, ... < `max_draws`
+  (clawjax.train.dynamic_sampling), are functions of (seed, step, draw) numbered below 0, from -1 down,
+  so that the first samples keep the indices [0, ...) of a run without them."""
+  rng = np.random.default_rng([seed, step] if draw == 0 else [seed, step, draw])
   order = rng.permutation(len(tasks))[:min(tasks_per_step, len(tasks))]
-  first = (step - 1) * groups_per_step(tasks_per_step, len(tasks), len(harnesses))
+  per_step = groups_per_step(tasks_per_step, len(tasks), len(harnesses))
+  first = (step - 1) * per_step if draw == 0 else -((step - 1) * (max_draws - 1) + draw) * per_step
   pairs = [(tasks[i], h) for i in order for h in harnesses]
   return [Group(first + j, step, task, harness) for j, (task, harness) in enumerate(pairs)]
 

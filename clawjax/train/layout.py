@@ -37,8 +37,10 @@ class RunLayout:
     """`name` for a file of this process beside the other processes' (rollouts.jsonl -> rollouts.process_1.jsonl)."""
     return process_file(name, self.process_index, self.process_count)
 
-  def rollouts_file(self, step: int) -> pathlib.Path:
-    return self.workdir / "steps" / f"step_{step}" / self.per_process("rollouts.jsonl")
+  def rollouts_file(self, step: int, draw: int = 0) -> pathlib.Path:
+    """The rollout records of the step's task sample `draw` (0: its own; 1, 2, ...: dynamic sampling's)."""
+    name = "rollouts.jsonl" if draw == 0 else f"rollouts_draw{draw}.jsonl"
+    return self.workdir / "steps" / f"step_{step}" / self.per_process(name)
 
   def owns(self, group: Group) -> bool:
     return group.index % self.process_count == self.process_index

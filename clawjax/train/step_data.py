@@ -27,8 +27,9 @@ Which rollouts are trained (each exclusion is counted under its reason in `StepD
               run's later weights after a resume's push passed it over): `version_ahead`;
   over_branching, empty: the tree filters dropped every call (`over_branching`, `no_trained_calls`);
   too_long    the kept tree is longer than a packed row (`too_long`);
-  uninformative  with `drop_uninformative_groups`, a rollout of a group whose advantages are all 0
-              (one rollout, or equal rewards): `uninformative` (DAPO's dynamic sampling).
+  uninformative  with `drop_uninformative_groups` (or dynamic sampling, `min_informative_groups`), a
+              rollout of a group whose advantages are all 0 (one rollout, or equal rewards):
+              `uninformative`.
 `scored_untrained` counts the scored rollouts that were not trained, whatever the reason. Calls are
 counted by their filter reason (`calls_train`, `calls_retry`, ...).
 """
@@ -75,10 +76,25 @@ class BatchConfig:
   # They add no gradient but their tokens count in the loss normaliser N, so off (the paper's GRPO)
   # the step shrinks with the share of such groups; on, they are counted and not trained.
   drop_uninformative_groups: bool = False
+  # Dynamic sampling (DAPO, arXiv 2503.14476): a step draws more tasks until it holds this many groups
+  # whose rewards differ, over all processes (clawjax.train.dynamic_sampling); groups whose advantages
+  # are all 0 are left out and counted, as with drop_uninformative_groups. 0: off.
+  min_informative_groups: int = 0
+  # The most task samples a step draws with dynamic sampling, its own first one included; then it trains
+  # on what it has (counted: sampling/short). Not published by DAPO; verl's recipe allows 10 generation
+  # batches, 4 here bounds a step's rollout time at 4 x.
+  max_draw_factor: int = 4
+
+  @property
+  def drops_uninformative(self) -> bool:
+    return self.drop_uninformative_groups or self.min_informative_groups > 0
 
   def __post_init__(self):
     if self.row_len < 1 or self.rows < 1 or self.max_staleness < 0:
       raise ValueError(f"BatchConfig: row_len, rows must be >= 1 and max_staleness >= 0, got {self}")
+    if self.min_informative_groups < 0 or self.max_draw_factor < 1:
+      raise ValueError(f"BatchConfig: min_informative_groups must be >= 0 and max_draw_factor >= 1, got "
+                       f"{self.min_informative_groups} and {self.max_draw_factor}")
     low, high = self.reward_range
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
       raise ValueError(f"BatchConfig.reward_range={self.reward_range}: must be finite with low < high")
@@ -188,11 +204,12 @@ def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filte
                 "as stale", counts["calls_without_version"])
   scores = grpo_advantages(scored)
   kept_ids = [rid for rid in scores.rollout_ids if rid in kept_filter]
-  if batch.drop_uninformative_groups:
-    informative = set(scores.group_ids_N[scores.advantages_N != 0].tolist())
-    group_of = dict(zip(scores.rollout_ids, scores.group_ids_N.tolist()))
+  informative = set(scores.group_ids_N[scores.advantages_N != 0].tolist())
+  group_of = dict(zip(scores.rollout_ids, scores.group_ids_N.tolist()))
+  if batch.drops_uninformative:
     counts["uninformative"] = sum(group_of[rid] not in informative for rid in kept_ids)
     kept_ids = [rid for rid in kept_ids if group_of[rid] in informative]
+  trained_groups = {group_of[rid] for rid in kept_ids}
   counts["scored_untrained"] = len(scored) - len(kept_ids)
   kept = [kept_filter[rid].tree for rid in kept_ids]
   if batch.share_prompts:  # a group's rollouts side by side, so that they land in one update
@@ -212,6 +229,9 @@ def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filte
       "drift_calls": float(sum(kept_filter[rid].drift_calls for rid in kept_ids)),
       "singleton_groups": float(scores.singleton_groups),
       "zero_variance_groups": float(scores.zero_variance_groups),
+      # Groups with a trained rollout, and those of them whose advantages are all 0 (no signal).
+      "trained_groups": float(len(trained_groups)),
+      "trained_uninformative_groups": float(len(trained_groups - informative)),
   }
   groups = {rid: group_key(r) for rid, r in loaded.rollouts.items()}
   rewards = {r.rollout_id: r.reward for r in scored}
@@ -317,7 +337,10 @@ def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
     staleness.update(s["staleness"])
   out.update({f"count/{k}": float(v) for k, v in sorted(counts.items())})
   out.update({k: float(tree[k]) for k in ("trained_rollouts", "unique_tokens", "loss_tokens", "drift_calls",
-                                          "singleton_groups", "zero_variance_groups")})
+                                          "singleton_groups", "zero_variance_groups", "trained_groups")})
+  # The share of the trained groups that carry no signal (one rollout, or equal rewards): what dynamic
+  # sampling (batch.min_informative_groups) brings to 0.
+  out["uninformative_trained_share"] = tree["trained_uninformative_groups"] / max(tree["trained_groups"], 1)
   # path tokens / unique tokens: how much the tree layout saves over one row per path.
   out["tree_dedup_ratio"] = tree["path_tokens"] / max(tree["unique_tokens"], 1)
   out["leaves_mean"] = tree["leaves"] / max(tree["trained_rollouts"], 1)

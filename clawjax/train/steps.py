@@ -54,13 +54,14 @@ def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
 
 
 # How a value each process reports for the step combines: the step waits for its slowest process; counts
-# add up.
+# add up; a decision all processes took together is the same on each.
 _SLOWEST = ("rollout_s", "replayed", "group_wall_s")
+_SAME = ("sampling/draws", "sampling/short")
 
 
 def _merge_extra(extras: list[dict[str, float]]) -> dict[str, float]:
   keys = sorted({k for e in extras for k in e})
-  return {k: float((max if k in _SLOWEST else sum)(e[k] for e in extras if k in e)) for k in keys}
+  return {k: float((max if k in _SLOWEST + _SAME else sum)(e[k] for e in extras if k in e)) for k in keys}
 
 
 def update(learner: Learner, data: StepData, value_pretrain_steps: int) -> dict[str, float]:

@@ -8,8 +8,9 @@ time (clawjax.run.session; each record names its group's index) -> settle, score
 (clawjax.harness.rollout) -> filter and build trees, GRPO advantages per group, one draw of a (task,
 harness) pair (step_data.py) -> learner updates over tree-packed batches with TIS (pi_old recomputed
 inside the step) -> push the weights to the engine -> Orbax checkpoint -> metrics ->
-periodic held-out evaluation (steps.py). With `async_rl` the next steps' rollouts run while the learner
-works (async_loop.py).
+periodic held-out evaluation (steps.py), step after step (sync_loop.py). With `async_rl` the next steps'
+rollouts run while the learner works (async_loop.py). With `batch.min_informative_groups` a step draws
+more tasks until enough groups carry a signal (dynamic_sampling.py).
 
 WORKDIR layout (layout.py; several processes keep per-process names): calls/<rollout_id>.jsonl (the
 shim's call logs), steps/step_<k>/rollouts.jsonl (rollout records), checkpoints/ (Orbax; the cursor holds
@@ -49,7 +50,7 @@ from flax import nnx
 
 from clawjax import config as config_lib
 from clawjax import distributed, progress, sharding
-from clawjax.calllog import CallLogWriter, RolloutRecord, iter_records
+from clawjax.calllog import CallLogWriter
 from clawjax.config import ConfigError
 from clawjax.engine.placement import learner_devices
 from clawjax.models.loading import load_model
@@ -68,29 +69,13 @@ from clawjax.train.config import SFT_ONE_PROCESS, TrainConfig, check_resume
 from clawjax.train.groups import Group, step_groups
 from clawjax.train.layout import RunLayout
 from clawjax.train.metrics import MetricsWriter, read_metrics
-from clawjax.train.step_data import StepData, build_step, failure_reasons, has_data
 from clawjax.train.steps import StepTrainer
+from clawjax.train.sync_loop import run_sync, set_aside
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
-
-
-def _replayable(path: pathlib.Path, n_jobs: int) -> bool:
-  """Whether a crashed run left all of this step's rollout records (then they are reused)."""
-  if not path.exists():
-    return False
-  try:
-    return sum(isinstance(r, RolloutRecord) for r in iter_records(path)) == n_jobs
-  except ValueError:
-    return False
-
-
-def _set_aside(path: pathlib.Path) -> None:
-  """Keeps what a crash interrupted, under a new name, so the redo starts clean."""
-  if path.exists():
-    path.rename(path.with_name(f"{path.name}.partial-{int(time.time())}"))
 
 
 class Trainer:
@@ -135,22 +120,21 @@ class Trainer:
   # ---- data order and ownership ------------------------------------------------------------------
 
   def group(self, index: int) -> Group:
-    """Group `index` of the run's data order."""
+    """Group `index` of the run's data order (of a step's first task sample: index >= 0)."""
     per_step = len(step_groups(self.cfg.seed, self.cfg.tasks_per_step, self.cfg.harnesses, self.tasks, 1))
     return self.step_groups(index // per_step + 1)[index % per_step]
 
-  def step_groups(self, step: int) -> list[Group]:
-    return step_groups(self.cfg.seed, self.cfg.tasks_per_step, self.cfg.harnesses, self.tasks, step)
+  def step_groups(self, step: int, draw: int = 0) -> list[Group]:
+    """The groups of the step's task sample `draw` (0: its own; 1, 2, ...: dynamic sampling's): a
+    function of (seed, step, draw) only, so resuming replays it."""
+    return step_groups(self.cfg.seed, self.cfg.tasks_per_step, self.cfg.harnesses, self.tasks, step, draw,
+                       self.cfg.batch.max_draw_factor)
 
   def owns(self, group: Group) -> bool:
     return self.layout.owns(group)
 
-  def own_groups(self, step: int) -> list[Group]:
-    return [g for g in self.step_groups(step) if self.owns(g)]
-
-  def step_jobs(self, step: int) -> list[RolloutJob]:
-    """This process's rollouts of `step`: a function of (seed, step, process) only, so resuming replays it."""
-    return [job for g in self.own_groups(step) for job in g.jobs(self.cfg.rollouts_per_task)]
+  def own_groups(self, step: int, draw: int = 0) -> list[Group]:
+    return [g for g in self.step_groups(step, draw) if self.owns(g)]
 
   # ---- pieces of a run ----------------------------------------------------------------------------
 
@@ -178,7 +162,7 @@ class Trainer:
     if self.layout.process_count > 1:  # (auto-detected processes; TrainConfig refuses the explicit case)
       raise ConfigError(f"config.sft.steps: {SFT_ONE_PROCESS}")
     out = self.workdir / "sft"
-    _set_aside(out)  # demonstrations of an SFT stage a crash interrupted: record afresh
+    set_aside(out)  # demonstrations of an SFT stage a crash interrupted: record afresh
     out.mkdir()
     start = time.time()
     trees = record_demos(cfg, self.tasks, out)
@@ -199,40 +183,6 @@ class Trainer:
     rewards = [r.reward if r.status == "ok" and r.reward is not None else 0.0 for r in records]
     self.metrics.write("eval", step, {"reward/mean": float(np.mean(rewards)),
                                       "ok_fraction": float(np.mean([r.status == "ok" for r in records]))})
-
-  def _rollouts(self, session: PolicySession, step: int, again: bool
-                ) -> tuple[list[RolloutJob], pathlib.Path, bool]:
-    """Runs this process's rollouts of the step (or, unless `again`, finds them all logged by a run that
-    crashed after them)."""
-    jobs = self.step_jobs(step)
-    path = self.layout.rollouts_file(step)
-    replayed = not again and _replayable(path, len(jobs))
-    if not replayed:
-      _set_aside(path)
-      path.parent.mkdir(parents=True, exist_ok=True)
-      with CallLogWriter(path) as writer:
-        session.run(jobs, writer, label=f"s{step}", desc=f"step {step}/{self.cfg.steps}",
-                    group_deadline_s=self.cfg.rollout.group_deadline())
-    return jobs, path, replayed
-
-  def _step_data(self, session: PolicySession, step: int, vocab_size: int
-                 ) -> tuple[list[RolloutJob], StepData, bool]:
-    """The step's rollouts as training data for a model of `vocab_size` tokens; a step with nothing to
-    train (on any process) is run again up to `empty_step_retries` times, then the run stops with the
-    failures' reasons."""
-    cfg = self.cfg
-    for attempt in range(cfg.empty_step_retries + 1):
-      jobs, path, replayed = self._rollouts(session, step, again=attempt > 0)
-      loaded = self.layout.load(path)
-      data = build_step(loaded, policy_version=session.version, vocab_size=vocab_size, filters=cfg.filters,
-                        batch=cfg.batch)
-      if has_data(data, step):
-        return jobs, data, replayed
-      reasons = failure_reasons(loaded) or [f"exclusions {data.counts}"]
-      log.warning("step %d: no trainable rollout among %d (attempt %d of %d): %s", step, len(jobs),
-                  attempt + 1, cfg.empty_step_retries + 1, " | ".join(reasons))
-    raise RuntimeError(f"step {step}: no trainable rollout in {cfg.empty_step_retries + 1} attempts of "
-                       f"{len(jobs)} rollouts (see {path.parent}); why: {' | '.join(reasons)}")
 
   def run(self) -> dict[str, Any]:
     cfg = self.cfg
@@ -268,7 +218,7 @@ class Trainer:
       if cfg.async_rl:
         run_async(self, steps, start)
       else:
-        self._sync_loop(steps, start)
+        run_sync(self, steps, start)
     self.metrics.close()
     summary = summarize(self.workdir)
     summary["wall_s"] = round(time.time() - t_run, 1)
@@ -281,14 +231,6 @@ class Trainer:
         plot_run(self.workdir)
       write_report(self.workdir)
     return summary
-
-  def _sync_loop(self, steps: StepTrainer, start: int) -> None:
-    """The paper's recipe: a step's rollouts all run on the weights of the previous update."""
-    for step in range(start + 1, self.cfg.steps + 1):
-      t0 = time.time()
-      jobs, data, replayed = self._step_data(steps.session, step, steps.vocab_size)
-      steps.train(step, data, {"rollouts": float(len(jobs)), "rollout_s": time.time() - t0,
-                               "replayed": float(replayed)}, data_path=self.layout.rollouts_file(step))
 
 
 def summarize(workdir: str | pathlib.Path, window: int = 5) -> dict[str, Any]:

@@ -60,6 +60,7 @@ class PackedBatch:
   rollout_logprobs_RT: np.ndarray  # float32 engine log-prob of each sampled token; 0 elsewhere
   advantages_RT: np.ndarray       # float32 per-token advantage (GRPO: the rollout's A); 0 elsewhere
   returns_RT: np.ndarray          # float32 the rollout's reward R on trained tokens (PPO: A_t = R - V)
+  baselines_RT: np.ndarray        # float32 the mean reward of the rollout's GRPO group on trained tokens
   # int32 index into the _N tables; -1 on padding. A prompt shared by a merged group carries its
   # segment's first rollout (it is context: no weight, advantage or return reads it).
   rollout_index_RT: np.ndarray
@@ -95,6 +96,7 @@ class RolloutScores:
   group_ids_N: np.ndarray          # int32 index into `groups`
   rewards_N: np.ndarray            # float32
   advantages_N: np.ndarray         # float32 GRPO advantage
+  baselines_N: np.ndarray          # float32 the mean reward of the rollout's group (A without std: R - it)
   groups: list[GroupKey]           # each group's (task_id, harness, draw): a pair drawn twice is two groups
   singleton_groups: int            # groups with one rollout (A = 0)
   zero_variance_groups: int        # groups of >= 2 rollouts with equal rewards (A = 0)

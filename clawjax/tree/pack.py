@@ -243,7 +243,7 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores,
       tokens_RT=i32(0), positions_RT=i32(0), parent_index_RT=i32(-1),
       subtree_end_RT=np.broadcast_to(np.arange(1, row_len + 1, dtype=np.int32), shape).copy(),
       segment_ids_RT=i32(0), unique_weight_RT=f32(), path_weight_RT=f32(), rollout_logprobs_RT=f32(),
-      advantages_RT=f32(), returns_RT=f32(), rollout_index_RT=i32(-1),
+      advantages_RT=f32(), returns_RT=f32(), baselines_RT=f32(), rollout_index_RT=i32(-1),
       rollout_ids_N=[], group_ids_N=np.zeros(0, np.int32), rewards_N=np.zeros(0, np.float32))
   local: dict[str, int] = {}
   fill = [0] * n_rows
@@ -265,6 +265,7 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores,
     b.rollout_logprobs_RT[r, a:z] = np.where(trained, s.logprobs, 0)
     b.advantages_RT[r, a:z] = np.where(trained, scores.advantages_N[k_T], 0)
     b.returns_RT[r, a:z] = np.where(trained, scores.rewards_N[k_T], 0)
+    b.baselines_RT[r, a:z] = np.where(trained, scores.baselines_N[k_T], 0)
     b.rollout_index_RT[r, a:z] = n_T
   order = [index[rid] for rid in local]
   b.rollout_ids_N = list(local)

@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import learner_tree_vs_paths  # noqa: E402  pylint: disable=wrong-import-position
+import loss_step  # noqa: E402  pylint: disable=wrong-import-position
 
 
 @pytest.mark.parametrize("share", [False, True])
@@ -26,6 +27,16 @@ def test_learner_benchmark_tree_and_paths_agree(share):
   assert 1 < out["attention_ratio"] <= out["ideal_ratio"]
   assert 1 <= out["flop_ratio"] <= out["ideal_ratio"]  # (logits at loss tokens cost the same in both)
   assert 0 < out["tree_attention_flop_share"] < 1 and out["tree_step_s"] > 0 and out["paths_step_s"] > 0
+
+
+@pytest.mark.slow  # three learners compile (about 90 s on a loaded machine)
+def test_loss_step_benchmark_times_every_loss_against_the_first():
+  out = loss_step.main(["--groups", "2", "--rollouts", "2", "--prompt-len", "24", "--calls", "2",
+                        "--tokens-per-call", "8", "--row-len", "256", "--vocab", "256", "--layers", "1",
+                        "--logits-chunk", "32", "--repeats", "1"])
+  assert set(out["step_s"]) == {"grpo", "gspo", "cispo"} and min(out["step_s"].values()) > 0
+  assert out["ratio_to_grpo"]["grpo"] == out["paired_ratio_to_grpo"]["grpo"] == 1.0
+  assert out["rows"] >= 1 and out["loss_tokens"] > 0
 
 
 # Rounds per concurrency: the medians compared below (a hop's ~1 ms against a 12 ms call) must stand above

@@ -43,6 +43,7 @@ class Tree:
   logp_rollout: np.ndarray
   advantage: float
   reward: float
+  baseline: float = 0.0  # the group's mean reward (Dr. GRPO's advantage is reward - baseline)
 
   def depth(self) -> np.ndarray:
     d = np.zeros(len(self.parent), np.int32)
@@ -91,6 +92,7 @@ def _empty(rows: int, length: int) -> dict[str, np.ndarray]:
               subtree_end_RT=np.broadcast_to(np.arange(1, length + 1, dtype=np.int32), (rows, length)).copy(),
               segment_ids_RT=z(np.int32), unique_weight_RT=z(np.float32), path_weight_RT=z(np.float32),
               rollout_logprobs_RT=z(np.float32), advantages_RT=z(np.float32), returns_RT=z(np.float32),
+              baselines_RT=z(np.float32),
               rollout_index_RT=np.full((rows, length), -1, np.int32))
 
 
@@ -114,6 +116,7 @@ def _place(a: dict, row: int, start: int, seg: int, r: int, tree: Tree, nodes: l
   trained = tree.trained[nodes]
   a["advantages_RT"][row, sl] = np.where(trained, tree.advantage, 0)
   a["returns_RT"][row, sl] = np.where(trained, tree.reward, 0)
+  a["baselines_RT"][row, sl] = np.where(trained, tree.baseline, 0)
   a["rollout_index_RT"][row, sl] = r
 
 

@@ -29,7 +29,7 @@ def test_agreed_shapes_take_every_process_rows_and_the_largest_sizes_batch_by_ba
 
 def test_batch_shape_is_the_batch_own_rows_and_its_loss_slots():
   b = _batch(0, rows=3)
-  shape = batch_shape(b, normalisation="unique", chunk=16)
+  shape = batch_shape(b, chunk=16)
   most = int((b.unique_weight_RT > 0).sum(axis=1).max())
   assert shape == BatchShape(3, 64, -(-most // 16) * 16)
 
@@ -56,7 +56,7 @@ def test_row_layout_splits_each_process_rows_over_the_minibatches_then_pads():
 
 def test_prepare_into_a_larger_shape_adds_only_empty_rows_and_positions():
   b = _batch(1, rows=3)
-  kw = dict(normalisation="unique", chunk=16)
+  kw = dict(aggregation="token", chunk=16)
   small = prepare_batch(b, RowLayout((3,), micro_batches=2), **kw)
   big_layout = RowLayout((3,), micro_batches=2, local_shards=4)
   big = prepare_batch(b, big_layout, length=80, loss_slots=64, **kw)

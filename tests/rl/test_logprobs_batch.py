@@ -40,14 +40,14 @@ def _batch(rng, rows=3, length=20) -> PackedBatch:
   parent = np.where(weight > 0, rng.integers(0, length, (rows, length)), -1).astype(np.int32)
   parent[:, 0] = -1
   ints = lambda: rng.integers(0, 100, (rows, length)).astype(np.int32)
-  return PackedBatch(ints(), ints(), parent, ints(), ints(), weight, weight * 3, f(), f(), f(), ints(),
+  return PackedBatch(ints(), ints(), parent, ints(), ints(), weight, weight * 3, f(), f(), f(), f(), ints(),
                      ["a"], np.zeros(1, np.int32), np.zeros(1, np.float32))
 
 
 def test_prepare_batch_compacts_loss_tokens():
   rng = np.random.default_rng(1)
   b = _batch(rng)
-  out = prepare_batch(b, RowLayout((3,), micro_batches=2, local_shards=2), normalisation="paths", chunk=4)
+  out = prepare_batch(b, RowLayout((3,), micro_batches=2, local_shards=2), aggregation="paths", chunk=4)
   rows = 4  # 3 padded up to a whole number per micro-batch and row shard
   assert out.tokens.shape == (2, rows // 2, 20)
   flat = lambda x: np.asarray(x).reshape(rows, -1)
@@ -71,4 +71,4 @@ def test_prepare_batch_rejects_unpredicted_loss_token():
   r, i = np.argwhere(b.unique_weight_RT > 0)[0]
   b.parent_index_RT[r, i] = -1
   with pytest.raises(ValueError, match=f"row {r}, position {i}"):
-    prepare_batch(b, RowLayout((b.shape[0],)), normalisation="unique")
+    prepare_batch(b, RowLayout((b.shape[0],)), aggregation="token")

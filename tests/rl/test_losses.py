@@ -9,7 +9,7 @@ import pytest
 from clawjax.config import ConfigError
 from clawjax.rl.config import LearnerConfig, ValueConfig
 from clawjax.rl.losses import (LOSSES, LossTerms, TokenInputs, check_loss, clipped_surrogate, k2_kl, k3_kl,
-                               register_loss, tis_weights, value_loss)
+                               register_loss, rollout_mean, rollout_sum, tis_weights, value_loss)
 
 
 def _inputs(seed: int = 0, n: int = 400):
@@ -134,3 +134,32 @@ def test_kl_penalties_have_the_gradients_their_docstrings_name():
   np.testing.assert_allclose(jax.grad(lambda z: expected(k3_kl, z))(z), grad_reverse, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(jax.grad(lambda z: expected(k2_kl, z))(z), grad_forward, rtol=1e-5, atol=1e-7)
   assert not np.allclose(grad_reverse, grad_forward, rtol=1e-2)  # the two really differ here
+
+
+def test_rollout_reductions_are_segment_sums_inside_each_row():
+  """rollout_sum / rollout_mean against a loop over (row, rollout) in float64: several rollouts a row,
+  in any order of slots, padding slots (rollout -1) left at 0, both weightings, under jit."""
+  rng = np.random.default_rng(4)
+  rows, k = 3, 16
+  rollout = rng.integers(0, 4, (rows, k)).astype(np.int32)
+  rollout[:, -3:] = -1
+  unique = (rng.random((rows, k)) < 0.8).astype(np.float32) * (rollout >= 0)
+  paths = unique * rng.integers(1, 4, (rows, k))
+  values = rng.normal(size=(rows, k))
+  zeros = jnp.zeros((rows, k))
+  x = TokenInputs(logp=zeros, logp_old=zeros, logp_rollout=zeros, advantages=zeros, returns=zeros,
+                  mask=jnp.asarray(unique > 0), entropy=zeros, rollout=jnp.asarray(rollout),
+                  unique_weight=jnp.asarray(unique), path_weight=jnp.asarray(paths))
+  for weight, w in (("unique", unique), ("paths", paths)):
+    got_sum = np.asarray(jax.jit(lambda v: rollout_sum(v, x, weight))(jnp.float32(values)))
+    got_mean = np.asarray(jax.jit(lambda v: rollout_mean(v, x, weight))(jnp.float32(values)))
+    for r in range(rows):
+      for t in range(k):
+        if rollout[r, t] < 0:
+          assert got_sum[r, t] == got_mean[r, t] == 0
+          continue
+        same = rollout[r] == rollout[r, t]
+        total = np.sum(w[r, same] * values[r, same])
+        np.testing.assert_allclose(got_sum[r, t], total, rtol=1e-5, atol=1e-6)
+        mean = total / w[r, same].sum() if w[r, same].any() else 0.0  # a rollout without weight: 0
+        np.testing.assert_allclose(got_mean[r, t], mean, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,5 @@
-"""The real asynchronous loop (clawjax.train.async_loop.run_async, its GroupRunner, build_step) on a
-simulated clock: stand-ins for what takes time (a policy session whose rollouts take a task-dependent
+"""The real asynchronous loop (clawjax.train.async_loop.run_async, its GroupRunner, build_step), or the
+synchronous one (clawjax.train.sync_loop.run_sync), on a simulated clock: stand-ins for what takes time (a policy session whose rollouts take a task-dependent
 number of clock units and whose calls carry the policy version they started at, and a learner step that
 takes `learner_time` units), so that runs of hundreds of steps take seconds and come out the same on a
 loaded machine as on an idle one.
@@ -10,6 +10,7 @@ the clock or idle in their pool, and the loop waiting for groups or asleep in it
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import heapq
 import itertools
@@ -31,6 +32,7 @@ from clawjax.train.config import TrainConfig
 from clawjax.train.groups import THREAD_PREFIX as GROUP_THREADS, Group, step_groups
 from clawjax.train.layout import RunLayout
 from clawjax.train.step_data import BatchConfig, StepData
+from clawjax.train.sync_loop import run_sync
 from clawjax.tree import synthetic
 
 # Frames in which a thread is blocked: a condition's wait (the clock, the runner's take), a pool worker
@@ -174,6 +176,15 @@ class SimSession:
         calls_log.write(dataclasses.replace(call, policy_version=recorded))
     writer.write(RolloutRecord(rid, job.task.task_id, job.harness, self.reward(job), "ok", extra))
 
+  def run(self, jobs: list[RolloutJob], writer: CallLogWriter, *, label: str, desc: str = "",
+          group_deadline_s: float | None = None) -> None:
+    """The synchronous loop's batch of rollouts, all at once, each on a thread the clock waits for (no
+    group deadline here: tests/run/test_deadline.py holds the real session's)."""
+    del desc, group_deadline_s
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(jobs)), thread_name_prefix=GROUP_THREADS) as pool:
+      for future in [pool.submit(self.rollout, job, writer, label) for job in jobs]:
+        future.result()
+
 
 @dataclasses.dataclass
 class Trained:
@@ -194,7 +205,7 @@ class SimSteps:
     self.trained: list[Trained] = []
 
   def train(self, step: int, data: StepData, extra: dict[str, float], data_path) -> None:
-    self.trained.append(Trained(step, self.session.version, int(extra["groups/dropped_stale"]), data, extra))
+    self.trained.append(Trained(step, self.session.version, int(extra.get("groups/dropped_stale", 0)), data, extra))
     self.clock.sleep(self.learner_time)
     self.session.version = step
     self.cursor["step"] = step
@@ -208,8 +219,9 @@ class SimTrainer:
     self.cfg, self.workdir, self.tasks = cfg, workdir, tasks
     self.layout = RunLayout(workdir, process_index, process_count)
 
-  def step_groups(self, step: int) -> list[Group]:
-    return step_groups(self.cfg.seed, self.cfg.tasks_per_step, self.cfg.harnesses, self.tasks, step)
+  def step_groups(self, step: int, draw: int = 0) -> list[Group]:
+    return step_groups(self.cfg.seed, self.cfg.tasks_per_step, self.cfg.harnesses, self.tasks, step, draw,
+                       self.cfg.batch.max_draw_factor)
 
   def group(self, index: int) -> Group:
     per_step = len(self.step_groups(1))
@@ -218,8 +230,8 @@ class SimTrainer:
   def owns(self, group: Group) -> bool:
     return self.layout.owns(group)
 
-  def own_groups(self, step: int) -> list[Group]:
-    return [g for g in self.step_groups(step) if self.owns(g)]
+  def own_groups(self, step: int, draw: int = 0) -> list[Group]:
+    return [g for g in self.step_groups(step, draw) if self.owns(g)]
 
 
 def task(task_id: str) -> Task:
@@ -227,11 +239,13 @@ def task(task_id: str) -> Task:
               mount_dir="/tmp", input_files=(), checker=None, rubric=None, source="sim")
 
 
-def config(steps: int, tasks_per_step: int, rollouts: int, max_staleness: int, **kw) -> TrainConfig:
-  """A run of `steps` steps (its tasks come from `task`; `tasks` only has to exist)."""
+def config(steps: int, tasks_per_step: int, rollouts: int, max_staleness: int, async_rl: bool = True,
+           batch: dict[str, Any] | None = None, **kw) -> TrainConfig:
+  """A run of `steps` steps (its tasks come from `task`; `tasks` only has to exist); `batch`: more fields
+  of its BatchConfig."""
   return TrainConfig(tasks=str(pathlib.Path(__file__).parent), steps=steps, tasks_per_step=tasks_per_step,
-                     rollouts_per_task=rollouts, harnesses=("mini",), concurrency=1024, async_rl=True,
-                     batch=BatchConfig(row_len=256, rows=64, max_staleness=max_staleness), **kw)
+                     rollouts_per_task=rollouts, harnesses=("mini",), concurrency=1024, async_rl=async_rl,
+                     batch=BatchConfig(row_len=256, rows=64, max_staleness=max_staleness, **(batch or {})), **kw)
 
 
 @dataclasses.dataclass
@@ -249,21 +263,29 @@ def never(job: RolloutJob, label: str, runs: int) -> bool:
   return False
 
 
+def alternating(job: RolloutJob) -> float:
+  return float(job.index % 2)
+
+
 def run(workdir: pathlib.Path, cfg: TrainConfig, tasks: list[Task], duration: Callable[[RolloutJob, str], float],
         learner_time: float, *, call_version: CallVersion = as_sampled, fails: Behaviour = never,
-        vocab_size: int = VOCAB, process_index: int = 0, process_count: int = 1) -> SimRun:
-  """`run_async` over `cfg.steps` steps on a simulated clock; rollout k of a group scores k % 2."""
+        vocab_size: int = VOCAB, process_index: int = 0, process_count: int = 1,
+        reward: Callable[[RolloutJob], float] = alternating) -> SimRun:
+  """`run_async` (or `run_sync`, without cfg.async_rl) over `cfg.steps` steps on a simulated clock; rollout
+  k of a group scores `reward(job)`, k % 2 by default."""
   clock = SimClock()
   trainer = SimTrainer(cfg, workdir, tasks, process_index, process_count)
-  session = SimSession(clock, trainer.layout.calls_dir, duration, lambda job: float(job.index % 2),
-                       call_version, fails)
+  session = SimSession(clock, trainer.layout.calls_dir, duration, reward, call_version, fails)
   steps = SimSteps(session, clock, learner_time, vocab_size)
   try:
-    run_async(trainer, steps, start=0, timer=clock.timer)
+    if cfg.async_rl:
+      run_async(trainer, steps, start=0, timer=clock.timer)
+    else:
+      run_sync(trainer, steps, start=0)
   finally:
     clock.close()
-  records = {t.step: json.loads((workdir / "steps" / f"step_{t.step}" / trainer.layout.per_process("groups.json"))
-                                .read_text()) for t in steps.trained}
+  groups_file = lambda step: workdir / "steps" / f"step_{step}" / trainer.layout.per_process("groups.json")
+  records = {t.step: json.loads(groups_file(t.step).read_text()) for t in steps.trained if cfg.async_rl}
   indices = lambda keys: [int(k[1:]) for k in keys]
   return SimRun(trainer, session, steps, {s: indices(r["trained"]) for s, r in records.items()},
                 {s: indices(r["dropped_stale"]) for s, r in records.items()},

@@ -15,7 +15,7 @@ from clawjax import config as config_lib
 from clawjax.calllog import load
 from clawjax.models.loading import load_model
 from clawjax.tasks import select_tasks
-from clawjax.train.cold_start import record_demos, run_sft
+from clawjax.train.cold_start import SFTConfig, record_demos, run_sft
 from clawjax.train.config import train_config
 from clawjax.train.metrics import MetricsWriter, read_metrics
 
@@ -41,6 +41,7 @@ def _causal_batch(tokens: np.ndarray, trained: np.ndarray, logp_rollout: np.ndar
       subtree_end_RT=np.full((rows, t), t, np.int32), segment_ids_RT=np.ones((rows, t), np.int32),
       unique_weight_RT=w, path_weight_RT=w, rollout_logprobs_RT=logp_rollout.astype(np.float32),
       advantages_RT=np.zeros((rows, t), np.float32), returns_RT=np.zeros((rows, t), np.float32),
+      baselines_RT=np.zeros((rows, t), np.float32),
       rollout_index_RT=np.zeros((rows, t), np.int32), rollout_ids_N=["d"],
       group_ids_N=np.zeros(1, np.int32), rewards_N=np.zeros(1, np.float32))
 
@@ -100,3 +101,20 @@ def test_demonstrations_are_recorded_through_the_harness_and_trained_by_the_sft_
   metrics.close()
   rows = read_metrics(tmp_path, "sft")
   assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["nll"] < rows[0]["nll"]
+
+
+def test_the_sft_stage_takes_an_rl_config_with_loss_options_and_a_rollout_aggregation():
+  """The cold start trains cross-entropy as a token mean, whatever the RL loss's options and aggregation
+  (they are the RL loss's, and "sft" declares no options)."""
+  from clawjax.rl.loss_check import example_trees, tiny_policy
+  trees, _ = example_trees(0)
+  written = []
+
+  class Metrics:
+    def write(self, phase, step, metrics):
+      written.append((phase, step, metrics))
+
+  rl = LearnerConfig(loss="grpo", loss_kwargs={"advantage_std": False}, aggregation="constant",
+                     aggregation_tokens=64, logits_chunk=64)
+  run_sft(tiny_policy(), trees, SFTConfig(steps=1, rows=4, row_len=256), rl, Metrics(), seed=0)
+  assert [(phase, step) for phase, step, _ in written] == [("sft", 1)] and np.isfinite(written[0][2]["nll"])

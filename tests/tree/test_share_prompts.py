@@ -139,6 +139,22 @@ def test_no_sampled_token_is_shared_and_groups_never_mix(trees_scores):
       assert len(set(b.group_ids_N[owner[b.segment_ids_RT[r] == seg]].tolist())) == 1
 
 
+@given(groups(), st.integers(0, 60))
+@SETTINGS
+def test_every_rollout_lies_in_one_row(trees_scores, slack):
+  """Sequence-level losses reduce a rollout's tokens inside one row (clawjax.rl.losses.rollout_mean): the
+  tree layout never splits a rollout, merged with its group or not, whatever the rows hold."""
+  trees, scores = trees_scores
+  row_len = max(t.size for t in trees) + slack
+  for share in (True, False):
+    b = pack_trees(trees, scores, row_len=row_len, share_prompts=share)
+    rows_of = collections.defaultdict(set)
+    for r, i in zip(*np.nonzero(b.loss_mask_RT())):
+      rows_of[int(b.rollout_index_RT[r, i])].add(int(r))
+    assert len(rows_of) == sum(t.loss_tokens > 0 for t in trees)
+    assert all(len(rows) == 1 for rows in rows_of.values())
+
+
 def test_identical_prompts_of_two_groups_are_not_merged():
   calls, outcomes = [], []
   for harness in ("a", "b"):  # same seed: the same prompt and calls under two harnesses
