@@ -31,7 +31,7 @@ OVERRIDES = dict(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, m
 
 def _run(tmp_path):
   """A run directory with config.json and a checkpoint whose policy differs from the initial weights."""
-  cfg = train_config({"tasks": str(tmp_path), "model": {"init": "test-tiny", "overrides": OVERRIDES}, "seed": 3})
+  cfg = train_config({"tasks": str(tmp_path), "harnesses": ["mini"], "model": {"init": "test-tiny", "overrides": OVERRIDES}, "seed": 3})
   run = tmp_path / "run"
   run.mkdir()
   (run / "config.json").write_text(json.dumps(config_lib.to_json(cfg), indent=2))

@@ -135,7 +135,7 @@ def test_bad_minibatches_are_clear_errors():
   with pytest.raises(ValueError, match="epochs=0"):
     LearnerConfig(epochs=0)
   with pytest.raises(ConfigError, match="config.learner: .*minibatches=2 must divide micro_batches=1"):
-    train_config({"tasks": str(bundled_tasks_dir()), "learner": {"minibatches": 2}})
-  cfg = train_config({"tasks": str(bundled_tasks_dir()),
+    train_config({"tasks": str(bundled_tasks_dir()), "harnesses": ["mini"], "learner": {"minibatches": 2}})
+  cfg = train_config({"tasks": str(bundled_tasks_dir()), "harnesses": ["mini"],
                       "learner": {"epochs": 3, "minibatches": 2, "micro_batches": 4, "shuffle": True}})
   assert (cfg.learner.epochs, cfg.learner.minibatches, cfg.learner.shuffle) == (3, 2, True)
