@@ -41,9 +41,11 @@ class PacedEngine(Engine):
     super().__init__(*args, **kwargs)
     self._left: int | None = None
     self._go = threading.Event()
+    self.stopped = threading.Event()  # the thread waits for `go()`
 
   def hold_after(self, runs: int) -> None:
     self._go.clear()
+    self.stopped.clear()
     self._left = runs
 
   def go(self) -> None:
@@ -57,6 +59,7 @@ class PacedEngine(Engine):
       if self._left is not None:
         self._left -= 1
         if self._left < 0:
+          self.stopped.set()
           self._go.wait()
     return super().submit(input_ids, sampling, paced)
 
@@ -76,8 +79,10 @@ def engine_server(model):
     engine.close()
 
 
-def running(engine: Engine, n: int) -> None:
-  wait_until(lambda: engine.stats()["running"] == n)
+def running(engine: PacedEngine, n: int) -> None:
+  """`n` requests run and the engine has stopped at its hold: an abort or update asked for from now on
+  meets them there, not while they still step."""
+  wait_until(lambda: engine.stats()["running"] == n and engine.stopped.is_set())
 
 
 class Call:
