@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,6 +53,13 @@ def moe_layers(ids_PLK: np.ndarray, n_layers: int, moe: Sequence[int]) -> np.nda
   raise ValueError(f"routes of {layers} layers, but the model has {n_layers} layers of which {len(moe)} are MoE")
 
 
+class Segment(NamedTuple):
+  """Routes of positions [start, start + len(ids_PLK)), a view of `owner`'s own array."""
+  start: int
+  ids_PLK: np.ndarray
+  owner: RoutedExperts
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class RoutedExperts:
   """The routes of positions [start, start + len(ids_PLK)); those before `start` are `before`'s (which
@@ -81,21 +89,21 @@ class RoutedExperts:
   @property
   def first(self) -> int:
     """The first position held (0 unless the routes of a prefix were not asked for)."""
-    return self.segments()[0][0] if self.end else self.start
+    return self.segments()[0].start if self.end else self.start
 
-  def segments(self) -> list[tuple[int, np.ndarray]]:
-    """(first position, routes) runs covering [first, end) in order, each an array of its call (no copy)."""
+  def segments(self) -> list[Segment]:
+    """The runs covering [first, end) in order, each a view of the array of the call that holds it."""
     out, hi, r = [], self.end, self
     while r is not None and hi > 0:
       if r.start < hi:
-        out.append((r.start, r.ids_PLK[:hi - r.start]))
+        out.append(Segment(r.start, r.ids_PLK[:hi - r.start], r))
         hi = r.start
       r = r.before
     return out[::-1]
 
   def full(self) -> np.ndarray:
     """The routes of every position held, [end - first, layers, top_k]."""
-    parts = [ids for _, ids in self.segments()]
+    parts = [s.ids_PLK for s in self.segments()]
     return np.concatenate(parts) if parts else self.ids_PLK[:0]
 
   def __eq__(self, other: object) -> bool:
