@@ -42,14 +42,14 @@ def compact(ids: np.ndarray, where: str = "routed_experts") -> np.ndarray:
   return ids if ids.dtype == narrow else ids.astype(narrow)
 
 
-def moe_layers(ids_PLK: np.ndarray, n_layers: int, moe: Sequence[int]) -> np.ndarray:
-  """The MoE layers' routes of `ids_PLK`, whose layer axis holds either the `moe` layers already or all
-  `n_layers` decoder layers (SGLang's form); anything else is a ValueError."""
-  layers = ids_PLK.shape[1]
+def moe_layers(ids_LK: np.ndarray, n_layers: int, moe: Sequence[int]) -> np.ndarray:
+  """The MoE layers' routes of `ids_LK` ([..., layers, top_k]), whose layer axis holds either the `moe`
+  layers already or all `n_layers` decoder layers (SGLang's form); anything else is a ValueError."""
+  layers = ids_LK.shape[-2]
   if layers == len(moe):
-    return ids_PLK
+    return ids_LK
   if layers == n_layers:
-    return ids_PLK[:, list(moe)]
+    return ids_LK[..., list(moe), :]
   raise ValueError(f"routes of {layers} layers, but the model has {n_layers} layers of which {len(moe)} are MoE")
 
 
