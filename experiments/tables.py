@@ -12,8 +12,8 @@ benchmark) with different `--config.seed` are repeats: the tables give their mea
 over seeds and n. `--baseline MODEL` adds a paired test per task of every row against that model's row
 (same harness and benchmark). `--transfer`: rows = the harness a policy was trained in
 (`--config.trained_in` of each eval run: a harness, base, cold_start), columns = the harness it was
-evaluated in, each with a paired test per task against the base row. See clawjax/evaluation/report.py and
-stats.py.
+evaluated in, each cell the benchmark's mean with its bootstrap interval over tasks (and seeds), each
+with a paired test per task against the base row. See clawjax/evaluation/report.py and stats.py.
 """
 
 import argparse

@@ -32,7 +32,7 @@ JUDGE_KEY_ENV = "CLAWJAX_JUDGE_KEY"  # the judge's API key comes from here, neve
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
   tasks: str  # a task directory, a directory of tasks, a JSONL file or a PinchBench tasks/ dir
-  harness: str = "openclaw"  # adapter name: openclaw, claude_code, mini
+  harness: str = "openclaw"  # adapter name: openclaw, claude_code, codex, mini
   benchmark: str = "ClawGym-Bench"  # the Table 1 column this run fills
   model_label: str | None = None  # the Table 1 row name; None: the engine model's base name
   # Which repeat of (harness, model_label, benchmark) this run is, e.g. the training seed of the policy
@@ -72,6 +72,9 @@ class EvalConfig:
     checks = [
         ("tasks", self.tasks and pathlib.Path(self.tasks).exists(), f"{self.tasks!r} does not exist"),
         ("harness", self.harness in ADAPTERS, f"{self.harness!r} is not one of {sorted(ADAPTERS)}"),
+        ("rollout.harness.codex_compact_reserve", self.harness != "codex"
+         or 0 <= self.rollout.harness.codex_compact_reserve < self.shim.max_context,
+         f"{self.rollout.harness.codex_compact_reserve} must be at least 0 and below shim.max_context"),
         ("num_samples", self.num_samples >= 1, "must be >= 1"),
         ("concurrency", self.concurrency >= 1, "must be >= 1"),
         ("max_tasks", self.max_tasks >= 0, "must be >= 0"),

@@ -12,7 +12,7 @@ CLAWGYM_BENCH = "ClawGym-Bench"
 BENCHMARKS = (PINCHBENCH, CLAWGYM_BENCH)  # the paper's column order
 
 # Harness names (clawjax.harness.adapters, the call log's `harness`) -> the paper's spelling.
-HARNESS_DISPLAY = {"openclaw": "OpenClaw", "claude_code": "Claude Code"}
+HARNESS_DISPLAY = {"openclaw": "OpenClaw", "claude_code": "Claude Code", "codex": "Codex"}
 
 # (harness, model) -> {benchmark: score}
 TABLE1: dict[tuple[str, str], dict[str, float]] = {

@@ -32,7 +32,7 @@ from clawjax import environment
 from clawjax.config import differences
 from clawjax.evaluation import paper
 from clawjax.evaluation.results import STATUSES, ResultsError, TaskResult, latest, load_results
-from clawjax.evaluation.stats import StatsConfig, bootstrap_interval, paired_test
+from clawjax.evaluation.stats import StatsConfig, bootstrap_interval, paired_test, task_bootstrap_interval
 from clawjax.evaluation.summary import UNSCORED_CHOICES, BenchmarkScore, mean_over_seeds, summarize, task_scores
 from clawjax.evaluation.table import Cell, Table
 
@@ -156,12 +156,15 @@ class Repeats:
   def seed_scores(self) -> dict[int, BenchmarkScore]:
     return {seed: summarize(rs, self.unscored) for seed, rs in sorted(self.by_seed.items())}
 
-  def task_scores(self, category: str | None = None) -> dict[str, float]:
-    """Each task's score in [0, 1], the mean over seeds that scored it (of one category, or all)."""
+  def task_seed_scores(self, category: str | None = None) -> dict[str, list[float]]:
+    """Each task's scores in [0, 1], one per seed that scored it (of one category, or all)."""
     per_seed = [task_scores((r for r in rs if category is None or r.category == category), self.unscored)
                 for rs in self.by_seed.values()]
-    tasks = sorted({t for s in per_seed for t in s})
-    return {t: float(np.mean([s[t] for s in per_seed if t in s])) for t in tasks}
+    return {t: [s[t] for s in per_seed if t in s] for t in sorted({t for s in per_seed for t in s})}
+
+  def task_scores(self, category: str | None = None) -> dict[str, float]:
+    """Each task's score in [0, 1], the mean over seeds that scored it (of one category, or all)."""
+    return {t: float(np.mean(v)) for t, v in self.task_seed_scores(category).items()}
 
 
 def _merge(runs: Sequence[Run]) -> dict[tuple[str, str], dict[str, Repeats]]:
@@ -248,9 +251,10 @@ def transfer_tables(runs: Sequence[Run], stats: StatsConfig = StatsConfig(),
                     baseline: str = BASE) -> list[tuple[str, Table]]:
   """(benchmark, table) per benchmark: rows = the harness the policy was trained in (EvalConfig
   `trained_in`: a harness, "base", "cold_start"), columns = the harness it was evaluated in. A cell is
-  "mean [CI over seeds] n=seeds"; each column's "vs `baseline`" is the paired test per task against the
-  baseline row's run in that harness. Runs that do not state `trained_in` are left out; two models in one
-  cell are an error."""
+  the benchmark's mean (over tasks of each task's mean over seeds, in percent) with its interval over
+  tasks and seeds (`task_bootstrap_interval`): "mean [low, high] n=T tasks x S seeds"; each column's
+  "vs `baseline`" is the paired test per task against the baseline row's run in that harness. Runs that
+  do not state `trained_in` are left out; two models in one cell are an error."""
   merged = _merge([r for r in runs if r.info.trained_in is not None])
   out = []
   for bench in sorted({b for by in merged.values() for b in by}):
@@ -276,17 +280,25 @@ def transfer_tables(runs: Sequence[Run], stats: StatsConfig = StatsConfig(),
           row += [None, None]
           continue
         rep = cells[(t, h)][1]
-        values = [s.overall.score for s in rep.seed_scores().values() if s.overall.score is not None]
-        lo, hi = _interval(values, stats)
-        text = f"{np.mean(values):.2f}" if values else "-"
-        if lo is not None:
-          text += f" [{lo:.2f}, {hi:.2f}]"
-        row.append(f"{text} n={len(values)}")
+        row.append(_transfer_cell(rep, stats))
         base = cells.get((baseline, h))
         row.append(_versus(rep, base[1], stats) if base is not None and t != baseline else None)
       rows.append(row)
     out.append((bench, Table(columns, rows)))
   return out
+
+
+def _transfer_cell(rep: Repeats, stats: StatsConfig) -> str:
+  per_task = list(rep.task_seed_scores().values())
+  seeds = len(rep.by_seed)
+  n = f"n={len(per_task)} tasks x {seeds} seed{'s' if seeds > 1 else ''}"
+  if not per_task:
+    return f"- {n}"
+  text = f"{100.0 * np.mean([np.mean(v) for v in per_task]):.2f}"
+  ci = task_bootstrap_interval(per_task, stats)
+  if ci is not None:
+    text += f" [{100.0 * ci[0]:.2f}, {100.0 * ci[1]:.2f}]"
+  return f"{text} {n}"
 
 
 def assemble(runs: Sequence[Run], paper_rows: bool = True) -> Table:

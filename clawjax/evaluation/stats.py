@@ -7,6 +7,10 @@ bootstrap_interval: resample the values with replacement `samples` times; the in
   ((1 - confidence) / 2, (1 + confidence) / 2) quantiles of the resampled means (numpy's linear
   interpolation). The unit resampled is whatever the caller passes: tables.py passes one score per seed,
   so the interval says how much a repeated run would move the mean.
+task_bootstrap_interval: the same for a benchmark's mean over tasks of each task's mean over its
+  repeats (seeds), resampled in two stages: the tasks with replacement, then each drawn task's repeats
+  with replacement. The interval then says how much the mean would move on another draw of tasks like
+  these as well as on a repeated run; with one repeat per task it is the plain bootstrap over tasks.
 paired_test: two-sided p-value of "a and b score the same per task" from the per-task differences d: the
   statistic is |mean(d)|, its null distribution flips the sign of each d_i independently (exchangeable
   under the null, whatever the scores' distribution: they are bounded, often 0/1, far from normal).
@@ -47,6 +51,35 @@ def bootstrap_interval(values: Sequence[float], config: StatsConfig = StatsConfi
   alpha = (1 - config.confidence) / 2
   lo, hi = np.quantile(means, [alpha, 1 - alpha])
   return float(lo), float(hi)
+
+
+def task_bootstrap_interval(per_task: Sequence[Sequence[float]], config: StatsConfig = StatsConfig()
+                            ) -> tuple[float, float] | None:
+  """The two-stage percentile bootstrap interval of the mean over tasks of each task's mean over its
+  repeats (`per_task`: each task's scores, one a repeat); None for fewer than two tasks."""
+  if len(per_task) < 2:
+    return None
+  counts_T = np.array([len(scores) for scores in per_task])
+  if counts_T.min() < 1:
+    raise ValueError("task_bootstrap_interval: a task has no score")
+  values_TK = np.zeros((len(per_task), counts_T.max()))
+  for i, scores in enumerate(per_task):
+    values_TK[i, :len(scores)] = scores
+  rng = np.random.default_rng(config.seed)
+  means = []
+  for start in range(0, config.samples, _CHUNK):  # (bounds the [samples, tasks, repeats] arrays)
+    tasks_ST = rng.integers(0, len(per_task), size=(min(_CHUNK, config.samples - start), len(per_task)))
+    counts_ST = counts_T[tasks_ST]
+    repeats_STK = (rng.random((*tasks_ST.shape, values_TK.shape[1])) * counts_ST[..., None]).astype(int)
+    drawn_STK = values_TK[tasks_ST[..., None], repeats_STK]
+    used_STK = np.arange(values_TK.shape[1]) < counts_ST[..., None]  # a task draws as many as it has
+    means.append(((drawn_STK * used_STK).sum(-1) / counts_ST).mean(-1))
+  alpha = (1 - config.confidence) / 2
+  lo, hi = np.quantile(np.concatenate(means), [alpha, 1 - alpha])
+  return float(lo), float(hi)
+
+
+_CHUNK = 1000
 
 
 def paired_test(a: Sequence[float], b: Sequence[float], config: StatsConfig = StatsConfig()) -> float:

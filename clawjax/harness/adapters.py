@@ -7,6 +7,7 @@ throwaway HOME, and kills its process group on timeout. Env and flags are each h
 
   claude_code  Anthropic Messages, `claude -p` headless (npm @anthropic-ai/claude-code)
   openclaw     OpenAI Chat Completions, `openclaw agent exec` (npm openclaw on Node 24)
+  codex        OpenAI Responses, `codex exec` (npm @openai/codex; its CODEX_HOME: clawjax/harness/codex.py)
   mini         OpenAI Chat Completions, `python -m clawjax.harness.mini` (ships with clawjax)
 """
 
@@ -22,7 +23,7 @@ import sqlite3
 import sys
 from typing import Any
 
-from clawjax.harness import install
+from clawjax.harness import codex, install
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,20 @@ class HarnessOptions:
   openclaw_max_tokens: int = 8192
   # Prompt + generation tokens the model takes. None: the shim's limit, from its POST /rollouts answer
   # (what `run_rollout` fills in); smaller makes the harness compact earlier. Told to Claude Code
-  # (CLAUDE_CODE_MAX_CONTEXT_TOKENS) and OpenClaw (the model's contextWindow): for a model name they
-  # do not know, Claude Code assumes 1M tokens and OpenClaw its own default, so neither would compact
-  # before the shim's "prompt is too long", on which both end the run.
+  # (CLAUDE_CODE_MAX_CONTEXT_TOKENS), OpenClaw (the model's contextWindow) and Codex (its model
+  # catalog): for a model name they do not know, Claude Code assumes 1M tokens, Codex and OpenClaw
+  # their own defaults, so none would compact before the shim's "prompt is too long", which ends the run.
   context_window: int | None = None
+  # Codex's request_max_retries and stream_max_retries (its defaults, 4 and 5, spend minutes on a dead
+  # backend).
+  codex_max_retries: int = 2
+  # Codex compacts once its context passes context_window less this: a generation of the shim's
+  # default 8,192 tokens plus two tool outputs at Codex's cut of 10,000 bytes (~2.5K tokens each),
+  # rounded up. Not published.
+  codex_compact_reserve: int = 16_384
+  # Codex compacts remotely (its remote_compaction_v2 beta, answered by the shim) instead of asking the
+  # model for a summary in a normal call; see clawjax/harness/codex.py.
+  codex_remote_compaction: bool = False
   # Extra `--flag value` arguments for the mini harness (see `python -m clawjax.harness.mini --help`).
   mini_args: tuple[str, ...] = ()
 
@@ -170,6 +181,26 @@ class OpenClaw(Adapter):
     return out
 
 
+class Codex(Adapter):
+  name = "codex"
+
+  def install(self) -> None:
+    codex.fallback_instructions(install.install_codex())
+
+  def command(self, base_url, api_key, prompt, home, options):
+    exe = install.install_codex()
+    codex_home = home / ".codex"
+    codex.write_home(codex_home, base_url, options.model, codex.fallback_instructions(exe),
+                     options.context_window, options.codex_compact_reserve, options.codex_max_retries,
+                     options.codex_remote_compaction)
+    node = codex.node_dir()
+    env = {"CODEX_HOME": str(codex_home), codex.KEY_ENV: api_key, "PATH": _path_env(node)}
+    return HarnessCommand(codex.argv(exe, prompt), env, [install.CODEX.prefix(), node.parent])
+
+  def transcript_files(self, home):
+    return codex.transcript_files(home)
+
+
 class Mini(Adapter):
   name = "mini"
 
@@ -184,7 +215,7 @@ class Mini(Adapter):
     return [p for p in [home / ".mini" / "transcript.jsonl"] if p.exists()]
 
 
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (ClaudeCode(), OpenClaw(), Mini())}
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (ClaudeCode(), OpenClaw(), Codex(), Mini())}
 
 
 def get_adapter(name: str) -> Adapter:

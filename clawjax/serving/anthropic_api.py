@@ -167,9 +167,18 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
 class _AnthropicEvents(TurnEvents):
   """Content blocks in order: thinking, text, then one per tool call (as the API sends them)."""
 
-  def __init__(self, message_id: str, model: str):
-    super().__init__(message_id, model)
+  def __init__(self, message_id: str, model: str, request: ChatRequest):
+    super().__init__(message_id, model, request)
     self.index, self.open_kind = -1, None
+
+  def head(self, input_tokens: int) -> bytes:
+    message = {"id": self.message_id, "type": "message", "role": "assistant", "model": self.model,
+               "content": [], "stop_reason": None, "stop_sequence": None,
+               "usage": _usage(input_tokens, 1)}
+    return sse({"type": "message_start", "message": message}, "message_start")
+
+  def keepalive(self) -> bytes:
+    return sse({"type": "ping"}, "ping")
 
   def _start(self, block: dict[str, Any]) -> bytes:
     self.index += 1
@@ -193,7 +202,7 @@ class _AnthropicEvents(TurnEvents):
       out += self._start(_text_block(kind, ""))
     return out + self._block_delta({"type": kind + "_delta", kind: text})
 
-  def _end(self, result: ChatResult, include_usage: bool) -> bytes:
+  def _end(self, result: ChatResult) -> bytes:
     out = [self._stop()] if self.open_kind is not None else []
     for block in _blocks(result):
       if block["type"] == "tool_use":
@@ -205,6 +214,16 @@ class _AnthropicEvents(TurnEvents):
                     "usage": {"output_tokens": result.output_tokens}}, "message_delta"))
     return b"".join(out)
 
+  def final(self) -> bytes:
+    return sse({"type": "message_stop"}, "message_stop")
+
+  def error(self, err: ApiError) -> bytes:
+    return sse(_error_body(err), "error")
+
+
+def _error_body(err: ApiError) -> dict[str, Any]:
+  return {"type": "error", "error": {"type": _ERROR_TYPES[err.kind], "message": err.message}}
+
 
 class AnthropicDialect(Dialect):
   name = "anthropic"
@@ -215,28 +234,14 @@ class AnthropicDialect(Dialect):
   def parse_request(self, body: Any, memo: MessageMemo | None = None) -> ChatRequest:
     return parse_messages(body, need_max_tokens=True, memo=memo)
 
-  def response(self, result: ChatResult, model: str, message_id: str) -> dict[str, Any]:
+  def response(self, result: ChatResult, request: ChatRequest, model: str, message_id: str
+               ) -> dict[str, Any]:
     return {"id": message_id, "type": "message", "role": "assistant", "model": model,
             "content": _blocks(result), "stop_reason": _stop_reason(result), "stop_sequence": None,
             "usage": _usage(result.input_tokens, result.output_tokens)}
 
-  def stream_head(self, message_id: str, model: str, input_tokens: int) -> bytes:
-    message = {"id": message_id, "type": "message", "role": "assistant", "model": model,
-               "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": _usage(input_tokens, 1)}
-    return sse({"type": "message_start", "message": message}, "message_start")
-
-  def turn_events(self, message_id: str, model: str) -> TurnEvents:
-    return _AnthropicEvents(message_id, model)
-
-  def stream_final(self) -> bytes:
-    return sse({"type": "message_stop"}, "message_stop")
-
-  def keepalive(self) -> bytes:
-    return sse({"type": "ping"}, "ping")
+  def turn_events(self, message_id: str, model: str, request: ChatRequest) -> TurnEvents:
+    return _AnthropicEvents(message_id, model, request)
 
   def error_body(self, err: ApiError) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": _ERROR_TYPES[err.kind], "message": err.message}}
-
-  def stream_error(self, err: ApiError) -> bytes:
-    return sse(self.error_body(err), "error")
+    return _error_body(err)

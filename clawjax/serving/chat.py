@@ -1,4 +1,4 @@
-"""The dialect-neutral call: what both APIs parse into and render from, and the Dialect interface."""
+"""The dialect-neutral call: what every API parses into and renders from, and the Dialect interface."""
 
 from __future__ import annotations
 
@@ -11,14 +11,17 @@ from typing import Any
 import orjson
 
 from clawjax.serving.errors import ApiError
-from clawjax.text.messages import Message, ParsedTurn, ToolSpec, random_hex
+from clawjax.text.messages import Message, ParsedTurn, ToolCall, ToolSpec, random_hex
 from clawjax.text.turn_stream import Delta
 
 
 @dataclasses.dataclass
 class ChatRequest:
   """One API request in neutral form. `client_sampling` keeps what the client asked (recorded only: the
-  shim samples with its own configured temperature so the rollout distribution is known)."""
+  shim samples with its own configured temperature so the rollout distribution is known). `metadata`
+  is what the client says about the call (Codex's turn metadata: its thread, agent and request kind),
+  which the harness profiles read roles from. `reply` is what the dialect's response needs of the
+  request beyond the neutral fields (None for most)."""
   model: str
   messages: list[Message]
   tools: list[ToolSpec]
@@ -27,6 +30,8 @@ class ChatRequest:
   enable_thinking: bool | None = None
   include_usage: bool = False
   client_sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
+  metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+  reply: Any = None
 
 
 @dataclasses.dataclass
@@ -43,13 +48,14 @@ class MessageMemo:
   history and tool list on every call; a message equal (deep ==, done in C) to the one at the same
   position last time reuses its conversion, and so does an equal tool list, so per-call validation work
   grows with the new messages only. Reusing the very same ToolSpec objects also lets the chat template
-  reuse its key for them (`ChatTemplate.blocks`)."""
+  reuse its key for them (`ChatTemplate.blocks`). (`convert` returns whatever `fn` converts an entry
+  to: Messages, or a dialect's pieces of them.)"""
 
   def __init__(self):
-    self._entries: list[tuple[Any, list[Message]]] = []
+    self._entries: list[tuple[Any, list[Any]]] = []
     self._tools: tuple[Any, list[ToolSpec]] | None = None
 
-  def convert(self, raw: list[Any], fn: Callable[[Any, int], list[Message]]) -> list[Message]:
+  def convert(self, raw: list[Any], fn: Callable[[Any, int], list[Any]]) -> list[Any]:
     out, entries = [], []
     for i, m in enumerate(raw):
       hit = i < len(self._entries) and self._entries[i][0] == m
@@ -69,6 +75,21 @@ def new_id(prefix: str) -> str:
   return prefix + random_hex(12)
 
 
+def parse_arguments(raw: str) -> dict[str, Any] | str:
+  """Tool-call arguments as a client sent them (a JSON string): the object, or the string verbatim when
+  it is not a JSON object (kept, so nothing the harness or the model wrote is lost)."""
+  try:
+    parsed = json.loads(raw)
+  except ValueError:
+    return raw
+  return parsed if isinstance(parsed, dict) else raw
+
+
+def arguments_json(call: ToolCall) -> str:
+  """A tool call's arguments as the JSON string the OpenAI APIs carry."""
+  return call.arguments if isinstance(call.arguments, str) else dumps(call.arguments)
+
+
 def dumps(obj: Any) -> str:
   """Compact JSON, UTF-8 characters unescaped. orjson (~10x faster on a turn's events) refuses integers
   beyond 64 bits and non-string keys, which a model's tool arguments can hold: those take `json`."""
@@ -86,36 +107,53 @@ def sse(data: Any, event: str | None = None) -> bytes:
 
 
 class TurnEvents(abc.ABC):
-  """The stream events of one turn, built as it is generated: `deltas` while the engine samples (thinking
-  and text as the turn parser settles them), then `rest` for the remainder once the turn is parsed.
-  Streamed text is always a prefix of the parsed turn's (one parser makes both), so the remainder is
-  what follows it. Without deltas, `rest` is the whole turn."""
+  """The event stream of one streamed call, built as it goes: `head` once the stream opens, `keepalive`
+  while nothing else is due, `deltas` while the engine samples (thinking and text as the turn parser
+  settles them), `rest` for the remainder once the turn is parsed, then `final` once its record is on
+  disk, or `error` in its place. Streamed text is always a prefix of the parsed turn's (one parser makes
+  both), so the remainder is what follows it. Without deltas, `rest` is the whole turn."""
 
-  def __init__(self, message_id: str, model: str):
-    self.message_id, self.model = message_id, model
+  def __init__(self, message_id: str, model: str, request: ChatRequest):
+    self.message_id, self.model, self.request = message_id, model, request
     self.sent = {"thinking": 0, "text": 0}  # Characters streamed so far, by kind.
 
   def deltas(self, deltas: list[Delta]) -> bytes:
     return b"".join(self._delta(d.kind, d.text) for d in deltas)
 
-  def rest(self, result: ChatResult, include_usage: bool) -> bytes:
+  def rest(self, result: ChatResult) -> bytes:
     """Every remaining event of the turn except the final one."""
     out = [self._delta(kind, full[self.sent[kind]:])
            for kind, full in (("thinking", result.turn.thinking or ""), ("text", result.turn.text))
            if len(full) > self.sent[kind]]
-    return b"".join(out) + self._end(result, include_usage)
+    return b"".join(out) + self._end(result)
 
   def _delta(self, kind: str, text: str) -> bytes:
     self.sent[kind] += len(text)
     return self._piece(kind, text)
 
   @abc.abstractmethod
+  def head(self, input_tokens: int) -> bytes:
+    """Events sent before generation finishes (may be empty)."""
+
+  @abc.abstractmethod
+  def keepalive(self) -> bytes:
+    """An event that keeps the connection alive while generating, which clients ignore."""
+
+  @abc.abstractmethod
   def _piece(self, kind: str, text: str) -> bytes:
     """The events of one piece of thinking or text."""
 
   @abc.abstractmethod
-  def _end(self, result: ChatResult, include_usage: bool) -> bytes:
+  def _end(self, result: ChatResult) -> bytes:
     """Tool calls, stop reason and usage, after all text."""
+
+  @abc.abstractmethod
+  def final(self) -> bytes:
+    """The last event; sent only after the call record is on disk."""
+
+  @abc.abstractmethod
+  def error(self, err: ApiError) -> bytes:
+    """An error after the stream began (its status already sent), in place of `final`."""
 
 
 class Dialect(abc.ABC):
@@ -130,29 +168,14 @@ class Dialect(abc.ABC):
     """Validates and converts a decoded body; raises ApiError(invalid_request) naming the field."""
 
   @abc.abstractmethod
-  def response(self, result: ChatResult, model: str, message_id: str) -> dict[str, Any]:
+  def response(self, result: ChatResult, request: ChatRequest, model: str, message_id: str
+               ) -> dict[str, Any]:
     """The non-streaming response body."""
 
   @abc.abstractmethod
-  def stream_head(self, message_id: str, model: str, input_tokens: int) -> bytes:
-    """Events sent before generation finishes (may be empty)."""
-
-  @abc.abstractmethod
-  def turn_events(self, message_id: str, model: str) -> TurnEvents:
-    """The events of a streamed turn, between `stream_head` and `stream_final`."""
-
-  @abc.abstractmethod
-  def stream_final(self) -> bytes:
-    """The last event; sent only after the call record is on disk."""
-
-  @abc.abstractmethod
-  def keepalive(self) -> bytes:
-    """A no-op event that keeps the connection alive while generating."""
+  def turn_events(self, message_id: str, model: str, request: ChatRequest) -> TurnEvents:
+    """The events of a streamed call."""
 
   @abc.abstractmethod
   def error_body(self, err: ApiError) -> dict[str, Any]:
     """The API's JSON error shape."""
-
-  @abc.abstractmethod
-  def stream_error(self, err: ApiError) -> bytes:
-    """An error after the stream began (status already sent)."""

@@ -50,7 +50,7 @@ from clawjax.serving.logspace import LogSpace
 from clawjax.serving.openai_api import OpenAIDialect
 from clawjax.serving.responses import add_control_routes, error_middleware, json_response
 from clawjax.serving.rollouts import summary_from_log
-from clawjax.serving.server import ServerThread, ShimConfig
+from clawjax.serving.server import MODEL_ROUTES, ServerThread, ShimConfig
 from clawjax.serving.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ _DEATH_GRACE_S = 5.0
 # shutdown, before it is killed.
 _STOP_GRACE_S = 10.0
 _LISTEN_BACKLOG = 1024  # Connections a worker's socket holds while no process accepts on it.
-_MODEL_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions", "/v1/models")
 
 
 def _url(host: str, port: int, scheme: str = "http") -> str:
@@ -154,7 +153,7 @@ class ShimFront:
                                middlewares=[error_middleware(AnthropicDialect(), OpenAIDialect())])
     add_control_routes(self.app, self)
     self.app.router.add_get("/health", self._health)
-    for path in _MODEL_ROUTES:
+    for path in MODEL_ROUTES:
       for prefix in ("", "/r/{rid}"):
         self.app.router.add_route("*", prefix + path, self._not_here)
 

@@ -8,13 +8,12 @@ Unknown fields are ignored; `n` other than 1 is refused (one sample per call kee
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from clawjax.serving import validate as v
-from clawjax.serving.chat import (ChatRequest, ChatResult, Dialect, MessageMemo, TurnEvents, dumps,
-                                  sse)
+from clawjax.serving.chat import (ChatRequest, ChatResult, Dialect, MessageMemo, TurnEvents,
+                                  arguments_json, parse_arguments, sse)
 from clawjax.serving.errors import ApiError, invalid
 from clawjax.text.messages import Message, ToolCall, ToolSpec
 
@@ -25,14 +24,6 @@ _ERROR_TYPES = {"invalid_request": "invalid_request_error", "authentication": "i
                 "overloaded": "server_error", "unavailable": "server_error", "internal": "server_error"}
 _ERROR_CODES = {"authentication": "invalid_api_key", "permission": "permission_denied",
                 "context_length_exceeded": "context_length_exceeded", "not_found": "not_found"}
-
-
-def _arguments(raw: str) -> dict[str, Any] | str:
-  try:
-    parsed = json.loads(raw)
-  except ValueError:
-    return raw
-  return parsed if isinstance(parsed, dict) else raw
 
 
 def _message(m: Any, where: str) -> Message:
@@ -54,7 +45,7 @@ def _message(m: Any, where: str) -> Message:
       c = v.check(c, cw, dict)
       fn = v.get(c, "function", cw, dict)
       calls.append(ToolCall(id=v.get(c, "id", cw, str), name=v.get(fn, "name", f"{cw}.function", str),
-                            arguments=_arguments(v.get(fn, "arguments", f"{cw}.function", str))))
+                            arguments=parse_arguments(v.get(fn, "arguments", f"{cw}.function", str))))
     return Message(role="assistant", content=content,
                    thinking=v.get(m, "reasoning_content", where, str, default=None), tool_calls=calls)
   raise invalid(f"{where}.role", f"unknown role {role!r}")
@@ -93,9 +84,8 @@ def _finish_reason(result: ChatResult) -> str:
 
 
 def _tool_calls(result: ChatResult) -> list[dict[str, Any]]:
-  return [{"id": c.id, "type": "function",
-           "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str)
-                        else dumps(c.arguments)}} for c in result.turn.tool_calls]
+  return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments_json(c)}}
+          for c in result.turn.tool_calls]
 
 
 def _usage(result: ChatResult) -> dict[str, int]:
@@ -106,9 +96,15 @@ def _usage(result: ChatResult) -> dict[str, int]:
 class _OpenAIEvents(TurnEvents):
   """Chunks: the role, reasoning and content deltas, tool calls, the finish reason, then usage."""
 
-  def __init__(self, message_id: str, model: str):
-    super().__init__(message_id, model)
+  def __init__(self, message_id: str, model: str, request: ChatRequest):
+    super().__init__(message_id, model, request)
     self.started = False
+
+  def head(self, input_tokens: int) -> bytes:
+    return b""  # Nothing is known that a client needs early; keep-alives hold the connection.
+
+  def keepalive(self) -> bytes:
+    return KEEPALIVE
 
   def _chunk(self, delta: dict[str, Any] | None, finish_reason: str | None = None,
              usage: dict[str, int] | None = None) -> bytes:
@@ -127,13 +123,29 @@ class _OpenAIEvents(TurnEvents):
   def _piece(self, kind: str, text: str) -> bytes:
     return self._chunk({"reasoning_content": text} if kind == "thinking" else {"content": text})
 
-  def _end(self, result: ChatResult, include_usage: bool) -> bytes:
+  def _end(self, result: ChatResult) -> bytes:
     out = [self._chunk({"tool_calls": [dict(call, index=i)]})
            for i, call in enumerate(_tool_calls(result))]
     out.append(self._chunk({}, _finish_reason(result)))
-    if include_usage:
+    if self.request.include_usage:
       out.append(self._chunk(None, usage=_usage(result)))
     return b"".join(out)
+
+  def final(self) -> bytes:
+    return sse("[DONE]")
+
+  def error(self, err: ApiError) -> bytes:
+    return sse(error_body(err))
+
+
+KEEPALIVE = b": keep-alive\n\n"  # An SSE comment: every client ignores it.
+
+
+def error_body(err: ApiError, codes: dict[str, str] | None = None) -> dict[str, Any]:
+  """OpenAI's error shape; `codes` adds or replaces error codes by kind."""
+  code = (codes or {}).get(err.kind) or _ERROR_CODES.get(err.kind)
+  return {"error": {"message": err.message, "type": _ERROR_TYPES[err.kind], "param": err.param,
+                    "code": code}}
 
 
 class OpenAIDialect(Dialect):
@@ -164,7 +176,8 @@ class OpenAIDialect(Dialect):
         include_usage=v.get(options, "include_usage", "stream_options", bool, default=False),
         client_sampling=sampling)
 
-  def response(self, result: ChatResult, model: str, message_id: str) -> dict[str, Any]:
+  def response(self, result: ChatResult, request: ChatRequest, model: str, message_id: str
+               ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.turn.text or None}
     if result.turn.thinking:
       message["reasoning_content"] = result.turn.thinking
@@ -175,21 +188,8 @@ class OpenAIDialect(Dialect):
                          "finish_reason": _finish_reason(result)}],
             "usage": _usage(result)}
 
-  def stream_head(self, message_id: str, model: str, input_tokens: int) -> bytes:
-    return b""  # Nothing is known that a client needs early; keep-alives hold the connection.
-
-  def turn_events(self, message_id: str, model: str) -> TurnEvents:
-    return _OpenAIEvents(message_id, model)
-
-  def stream_final(self) -> bytes:
-    return sse("[DONE]")
-
-  def keepalive(self) -> bytes:
-    return b": keep-alive\n\n"  # An SSE comment: every client ignores it.
+  def turn_events(self, message_id: str, model: str, request: ChatRequest) -> TurnEvents:
+    return _OpenAIEvents(message_id, model, request)
 
   def error_body(self, err: ApiError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": _ERROR_TYPES[err.kind], "param": err.param,
-                      "code": _ERROR_CODES.get(err.kind)}}
-
-  def stream_error(self, err: ApiError) -> bytes:
-    return sse(self.error_body(err))
+    return error_body(err)

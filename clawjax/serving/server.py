@@ -1,9 +1,10 @@
-"""The shim's HTTP server: control routes, both API dialects, call-log writing.
+"""The shim's HTTP server: control routes, the three API dialects, call-log writing.
 
 Routes (every model route also exists under the per-rollout prefix `/r/{rollout_id}`, which is what
 `POST /rollouts` hands out as `base_url`; without the prefix the rollout is found by its key alone):
   POST /v1/messages[?beta=true]     Anthropic Messages      POST /v1/messages/count_tokens
   POST /v1/chat/completions         OpenAI Chat Completions GET  /v1/models
+  POST /v1/responses                OpenAI Responses
   POST /rollouts {task_id, harness[, rollout_id]}
       -> {rollout_id, base_url, openai_base_url, api_key, log_path, context_window}
   POST /rollouts/{id}/finish        GET /rollouts/{id}      GET /health
@@ -50,6 +51,7 @@ from clawjax.serving.intake import ClientCappedSite, read_json
 from clawjax.serving.logspace import LogSpace
 from clawjax.serving.logwriter import EncodedInput, own_routes
 from clawjax.serving.openai_api import OpenAIDialect
+from clawjax.serving.openai_responses import ResponsesDialect
 from clawjax.serving.profiles import HarnessProfile, profile_for
 from clawjax.serving.responses import add_control_routes, error_middleware, error_response, json_response
 from clawjax.serving.rollouts import Rollout, RolloutRegistry
@@ -59,6 +61,10 @@ from clawjax.text.templates import ChatTemplate
 from clawjax.text.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
+
+# The model routes, each also under the per-rollout prefix /r/{rid}.
+MODEL_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions", "/v1/responses",
+                "/v1/models")
 
 
 @dataclasses.dataclass
@@ -193,7 +199,7 @@ class _Call:
     self.stream = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                               "Cache-Control": "no-cache"})
     await self.stream.prepare(self.request)
-    return self.dialect.stream_head(self.message_id, self.model, len(self.input_ids))
+    return self.feed.events.head(len(self.input_ids))
 
   async def send(self, data: bytes) -> None:
     if data and not self.disconnected:
@@ -222,16 +228,17 @@ class ShimServer:
     self.log_space = LogSpace(config.log_dir, config.min_free_log_bytes)
     self._log_pool = concurrent.futures.ThreadPoolExecutor(config.log_threads,
                                                            thread_name_prefix="clawjax-log")
-    self.anthropic, self.openai = AnthropicDialect(), OpenAIDialect()
+    self.anthropic, self.openai, self.responses = AnthropicDialect(), OpenAIDialect(), ResponsesDialect()
     self.app = web.Application(client_max_size=config.max_body_bytes,
                                middlewares=[error_middleware(self.anthropic, self.openai)])
     self._runner: web.AppRunner | None = None
     self.url = ""
-    routes = [("POST", "/v1/messages", self._messages),
-              ("POST", "/v1/messages/count_tokens", self._count_tokens),
-              ("POST", "/v1/chat/completions", self._chat_completions),
-              ("GET", "/v1/models", self._models)]
-    for method, path, handler in routes:
+    handlers = {"/v1/messages": ("POST", self._messages),
+                "/v1/messages/count_tokens": ("POST", self._count_tokens),
+                "/v1/chat/completions": ("POST", self._chat_completions),
+                "/v1/responses": ("POST", self._responses), "/v1/models": ("GET", self._models)}
+    for path in MODEL_ROUTES:
+      method, handler = handlers[path]
       self.app.router.add_route(method, path, handler)
       self.app.router.add_route(method, "/r/{rid}" + path, handler)
     add_control_routes(self.app, self)
@@ -316,6 +323,9 @@ class ShimServer:
   async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
     return await self._call(request, self.openai)
 
+  async def _responses(self, request: web.Request) -> web.StreamResponse:
+    return await self._call(request, self.responses)
+
   def _rollout_of(self, request: web.Request) -> Rollout:
     """The rollout a model request's key opens (ApiError 401 otherwise; nothing is written)."""
     rid = request.match_info.get("rid")
@@ -369,12 +379,14 @@ class ShimServer:
              "drifted_turns": prompt.drifted_turns, "new_tokens": prompt.new_tokens}
     if req.client_sampling:
       extra["client_sampling"] = req.client_sampling
+    if req.metadata:
+      extra["harness_metadata"] = req.metadata
     index = rollout.begin_call()
     try:
       message_id = new_id(dialect.message_id_prefix)
       model = self.config.model_name
       feed = _TurnFeed(self.template.turn_stream(dialect.tool_id_prefix),
-                       dialect.turn_events(message_id, model) if req.stream else None,
+                       dialect.turn_events(message_id, model, req) if req.stream else None,
                        incremental=req.stream and self.config.incremental_stream)
       # The call log's incremental encoding makes the ids' JSON cheap (new tokens only); the record
       # and a remote engine's request both use it.
@@ -411,7 +423,7 @@ class ShimServer:
       return
     await call.send(await call.open_stream())
     while not gen_task.done():
-      await call.send(call.feed.take() or call.dialect.keepalive())
+      await call.send(call.feed.take() or call.feed.events.keepalive())
       await self._until(gen_task, call.feed.woken)
 
   async def _until(self, gen_task: asyncio.Future, woken: asyncio.Event | None) -> None:
@@ -439,7 +451,7 @@ class ShimServer:
     await self._finish_store(call, record, self._start_store(call, record))
     if call.stream is None:
       return error_response(call.dialect, err)
-    await call.send(call.feed.take() + call.dialect.stream_error(err))
+    await call.send(call.feed.take() + call.feed.events.error(err))
     return call.stream
 
   async def _succeed(self, call: _Call, gen: Generation, backend_s: float) -> web.StreamResponse:
@@ -466,13 +478,13 @@ class ShimServer:
       failure = await self._finish_store(call, record, stored)
       if failure is not None:
         return error_response(call.dialect, failure)
-      return json_response(call.dialect.response(result, call.model, call.message_id))
+      return json_response(call.dialect.response(result, call.req, call.model, call.message_id))
     try:  # Everything but the final event goes out while the record is being written.
       head = b"" if call.stream is not None else await call.open_stream()
-      await call.send(head + call.feed.take() + call.feed.events.rest(result, call.req.include_usage))
+      await call.send(head + call.feed.take() + call.feed.events.rest(result))
     finally:
       failure = await self._finish_store(call, record, stored)
-    await call.send(call.dialect.stream_final() if failure is None else call.dialect.stream_error(failure))
+    await call.send(call.feed.events.final() if failure is None else call.feed.events.error(failure))
     return call.stream
 
   def _start_store(self, call: _Call, record: CallRecord) -> asyncio.Future:

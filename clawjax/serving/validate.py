@@ -53,13 +53,13 @@ def positive_int(d: dict[str, Any], key: str, path: str = "") -> int | None:
   return v
 
 
-def text_of(content: Any, path: str) -> str:
-  """Text of string-or-blocks message content (both APIs' shape); non-text blocks (images, documents)
-  are skipped."""
+def text_of(content: Any, path: str, kinds: tuple[str, ...] = ("text",)) -> str:
+  """Text of string-or-blocks message content (the APIs' shape): the `text` of the blocks whose type is
+  one of `kinds`; other blocks (images, documents) are skipped."""
   if isinstance(content, str):
     return content
   return "\n".join(get(block, "text", where, str)
-                   for where, block, kind in blocks(content, path) if kind == "text")
+                   for where, block, kind in blocks(content, path) if kind in kinds)
 
 
 def blocks(content: Any, path: str) -> Iterator[tuple[str, dict[str, Any], str]]:

@@ -103,6 +103,9 @@ class TrainConfig:
         ("tasks", self.tasks and pathlib.Path(self.tasks).exists(), f"{self.tasks!r} does not exist"),
         ("harnesses", self.harnesses and set(self.harnesses) <= set(ADAPTERS),
          f"{list(self.harnesses)} must be a non-empty subset of {sorted(ADAPTERS)}"),
+        ("rollout.harness.codex_compact_reserve", "codex" not in self.harnesses
+         or 0 <= self.rollout.harness.codex_compact_reserve < self.shim.max_context,
+         f"{self.rollout.harness.codex_compact_reserve} must be at least 0 and below shim.max_context"),
         ("tasks_per_step", self.tasks_per_step >= 1, "must be >= 1"),
         ("rollouts_per_task", self.rollouts_per_task >= 1, "must be >= 1"),
         ("steps", self.steps >= 1, "must be >= 1"),

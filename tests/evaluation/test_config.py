@@ -60,19 +60,35 @@ def test_toy_config_builds():
   assert (mixed.trained_in, mixed.seed) == ("mini+openclaw", 2)
 
 
+def test_transfer_config_builds_both_rows():
+  trained = _load("transfer_cpu")
+  trained.model.init = "m"
+  cfg = eval_config(trained, ["harness=codex"])
+  assert (cfg.harness, cfg.trained_in, cfg.label, cfg.shim.max_context) == ("codex", "mini", "toy-mini", 16384)
+  base = eval_config(_load("transfer_cpu", "base"))
+  assert (base.trained_in, base.model.init, base.model.random_init) == ("base", "smollm2-135m", True)
+  assert base.rollout.harness.codex_compact_reserve < base.shim.max_context
+  assert eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["trained_in=codex+claude_code"]).trained_in == \
+      "codex+claude_code"
+  with pytest.raises(ValueError, match="expected one of"):
+    _load("transfer_cpu", "cold")
+
+
 @pytest.mark.parametrize("section, message", [
     ({"rollout": {"harness": {"max_turn": 3}}},
      r"config.rollout.harness.max_turn: unknown field; did you mean rollout.harness.max_turns"),
     ({"rollout": {"timeout_s": "long"}}, r"config.rollout.timeout_s: expected float, got str"),
     ({"concurrency": 0}, r"config.concurrency: must be >= 1"),
-    ({"harness": "codex"}, r"config.harness: 'codex' is not one of"),
+    ({"harness": "cline"}, r"config.harness: 'cline' is not one of"),
     ({"rollout": {"judge": {"url": "http://judge/v1"}}},
      r"config.rollout.judge: \['model'\] must be set"),
     ({"rollout": {"sandbox": {"mode": "docker"}}}, r"config.rollout.sandbox: .*mode"),
-    ({"trained_in": "codex"}, r"config.trained_in: 'codex' is not one of \('base', 'cold_start'\), a harness"),
-    ({"trained_in": "mini+codex"}, r"config.trained_in: 'mini\+codex'"),
+    ({"trained_in": "cline"}, r"config.trained_in: 'cline' is not one of \('base', 'cold_start'\), a harness"),
+    ({"trained_in": "mini+cline"}, r"config.trained_in: 'mini\+cline'"),
     ({"seed": "one"}, r"config.seed: expected int, got str"),
     ({"shim": {"workers": 3}}, r"config.shim.workers: 3 shim processes cannot share the embedded engine"),
+    ({"harness": "codex", "shim": {"max_context": 8192}},
+     r"config.rollout.harness.codex_compact_reserve: 16384 must be at least 0 and below shim.max_context"),
 ])
 def test_bad_fields_name_their_path(section, message):
   with pytest.raises(ConfigError, match=message):

@@ -1,8 +1,9 @@
-"""The transfer matrix from real evaluation runs: the bundled toy tasks under two harnesses (the `mini`
-harness and real OpenClaw from npm, each in its sandbox, scored by the tasks' own checkers), a scripted
-policy standing for the model: "base" answers without acting, "trained in mini" solves the task with a
-shell command. Cells and paired tests are checked against the runs' results files read here directly and
-an exact sign-flip enumeration. Skipped only when npm (or its registry) is unreachable."""
+"""The transfer matrix from real evaluation runs: the bundled toy tasks under three harnesses (the `mini`
+harness, real OpenClaw and real Codex from npm, each in its sandbox, scored by the tasks' own checkers),
+a scripted policy standing for the model: "base" answers without acting, "trained in mini" solves the
+task with a shell command. Cells (the mean over tasks and its two-stage bootstrap interval over tasks and
+seeds) and paired tests are checked against the runs' results files read here directly and an exact
+sign-flip enumeration. Skipped only when npm (or its registry) is unreachable."""
 
 import itertools
 import json
@@ -12,6 +13,7 @@ import pytest
 
 from clawjax.evaluation.config import eval_config
 from clawjax.evaluation.report import load_run, transfer_tables
+from clawjax.evaluation.stats import task_bootstrap_interval
 from clawjax.evaluation.runner import run_eval
 from clawjax.serving.backends.scripted import ScriptedBackend, ScriptTurn
 from clawjax.tasks import bundled_tasks_dir
@@ -24,7 +26,8 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 
 TASKS = bundled_tasks_dir()
 TASK_IDS = ("toy_sum_numbers", "toy_count_errors", "toy_fix_typo")
-SHELL = {"mini": "bash", "openclaw": "exec"}  # each harness's own shell tool
+# Each harness's own shell tool and its argument.
+SHELL = {"mini": ("bash", "command"), "openclaw": ("exec", "command"), "codex": ("exec_command", "cmd")}
 
 
 def _policy(template, harness: str, trained: bool):
@@ -38,7 +41,8 @@ def _policy(template, harness: str, trained: bool):
     if not trained or "<tool_response>" in prompt:
       return ScriptTurn(text="Done.")
     command = next(c for word, c in commands.items() if word in prompt)
-    return ScriptTurn(text="", tool_calls=((SHELL[harness], {"command": command}),))
+    tool, argument = SHELL[harness]
+    return ScriptTurn(text="", tool_calls=((tool, {argument: command}),))
   return play
 
 
@@ -67,30 +71,38 @@ def _exact_p(a, b) -> float:
   return float(np.mean([s >= abs(d.mean()) - 1e-12 for s in stats]))
 
 
-def test_transfer_matrix_from_eval_runs_under_two_harnesses(tmp_path, capsys):
+def test_transfer_matrix_from_eval_runs_under_three_harnesses(tmp_path, capsys):
   install_or_skip("openclaw")
+  install_or_skip("codex")
   dirs = {("base", "mini", 0): _run(tmp_path, "mini", "base", 0),
           ("mini", "mini", 0): _run(tmp_path, "mini", "mini", 0),
           ("mini", "mini", 1): _run(tmp_path, "mini", "mini", 1),
           ("base", "openclaw", 0): _run(tmp_path, "openclaw", "base", 0),
-          ("mini", "openclaw", 0): _run(tmp_path, "openclaw", "mini", 0)}
+          ("mini", "openclaw", 0): _run(tmp_path, "openclaw", "mini", 0),
+          ("base", "codex", 0): _run(tmp_path, "codex", "base", 0),
+          ("mini", "codex", 0): _run(tmp_path, "codex", "mini", 0)}
   scores = {k: _scores(d) for k, d in dirs.items()}
-  assert scores[("mini", "openclaw", 0)] == dict.fromkeys(TASK_IDS, 1.0), "OpenClaw ran the policy's commands"
+  for harness in ("openclaw", "codex"):
+    assert scores[("mini", harness, 0)] == dict.fromkeys(TASK_IDS, 1.0), f"{harness} ran the policy's commands"
   untrained = next(v for k, v in scores.items() if k[0] == "base")
   assert all(v < 1.0 for v in untrained.values())
 
   ((bench, table),) = transfer_tables([load_run(d) for d in dirs.values()])
   assert bench == "toy"
-  assert table.columns == ["trained in", "model", "OpenClaw", "OpenClaw vs base", "mini", "mini vs base"]
+  assert table.columns == ["trained in", "model", "Codex", "Codex vs base", "OpenClaw", "OpenClaw vs base",
+                           "mini", "mini vs base"]
   rows = {r[0]: dict(zip(table.columns, r)) for r in table.rows}
   assert [r[0] for r in table.rows] == ["base", "mini"]
   for trained_in in ("base", "mini"):
-    for harness, column in (("mini", "mini"), ("openclaw", "OpenClaw")):
+    for harness, column in (("mini", "mini"), ("openclaw", "OpenClaw"), ("codex", "Codex")):
       seeds = [s for (t, h, s) in scores if (t, h) == (trained_in, harness)]
-      per_seed = [100 * np.mean(list(scores[(trained_in, harness, s)].values())) for s in seeds]
-      cell = rows[trained_in][column]
-      assert cell.startswith(f"{np.mean(per_seed):.2f}") and cell.endswith(f"n={len(seeds)}"), cell
-      assert ("[" in cell) == (len(seeds) > 1)  # an interval over seeds where there are two
+      per_task = [[scores[(trained_in, harness, s)][t] for s in seeds] for t in TASK_IDS]
+      mean = 100 * np.mean([np.mean(v) for v in per_task])
+      lo, hi = task_bootstrap_interval(per_task)  # over the 3 tasks (and the seeds, where there are two)
+      assert rows[trained_in][column] == (
+          f"{mean:.2f} [{100 * lo:.2f}, {100 * hi:.2f}] n=3 tasks x {len(seeds)} seed{'s' * (len(seeds) > 1)}"
+      ), rows[trained_in][column]
+      assert 100 * min(map(min, per_task)) <= 100 * lo <= mean <= 100 * hi <= 100 * max(map(max, per_task))
       if trained_in == "base":
         assert rows["base"][f"{column} vs base"] is None
         continue

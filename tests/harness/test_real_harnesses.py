@@ -1,4 +1,5 @@
-"""Real Claude Code and real OpenClaw (from npm) headless through the shim on the scripted backend.
+"""Real Claude Code, real OpenClaw and real Codex (from npm) headless through the shim on the scripted
+backend.
 
 Each harness makes one tool call that writes hello.txt, gets an injected backend 500 on the next model
 call (its own retry then re-sends), and gives a final answer; once with whole turns, once with
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.slow]
 SHELL_CALL = {
     "claude_code": ("Bash", {"command": "printf hello > hello.txt", "description": "write hello.txt"}),
     "openclaw": ("exec", {"command": "printf hello > hello.txt"}),
+    "codex": ("exec_command", {"cmd": "printf hello > hello.txt"}),
 }
 FAILED_CALL = 1  # the backend's second generate call fails with 500
 
@@ -76,7 +78,7 @@ def test_real_harness_tree_has_no_drift_and_drops_the_failed_attempt(harness_run
   assert tree.reasons[2] == "train"
   # The failed attempt is a leaf: no later input continues it (it produced no output).
   assert not calls[FAILED_CALL].output_ids
-  if name == "claude_code":  # Claude Code retries with a byte-identical body
+  if name in ("claude_code", "codex"):  # They retry with a byte-identical body
     assert calls[FAILED_CALL].input_ids == calls[2].input_ids
 
 

@@ -99,3 +99,15 @@ def openai_text(client, messages, stream):
     assert chunks[-1].choices[0].finish_reason == "stop"
     return "".join(c.choices[0].delta.content or "" for c in chunks)
   return client.chat.completions.create(model="m", messages=messages).choices[0].message.content
+
+
+def responses_text(client, text, stream):
+  """The text of a Responses call's reply through the SDK. A stream must end with response.completed;
+  one that ends with response.failed raises ValueError with its error message."""
+  if not stream:
+    return client.responses.create(model="m", input=text).output_text
+  events = list(client.responses.create(model="m", input=text, stream=True))
+  if events[-1].type == "response.failed":
+    raise ValueError(events[-1].response.error.message)
+  assert events[-1].type == "response.completed", events[-1].type
+  return events[-1].response.output_text

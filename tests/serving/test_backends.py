@@ -1,6 +1,7 @@
 """The HTTP backends against minimal servers speaking the engines' documented wire formats, with the
 scripted policy behind them; the registry; role profiles."""
 import asyncio
+import dataclasses
 import json
 import threading
 
@@ -13,7 +14,7 @@ from clawjax.serving.backends.base import (Backend, BackendError, PromptIds, bac
                                            register_backend)
 from clawjax.serving.backends.scripted import ScriptedBackend, scripted_logprob, turn_ids
 from clawjax.serving.chat import ChatRequest
-from clawjax.serving.profiles import PROFILES, RoleRule, profile_for
+from clawjax.serving.profiles import PROFILES, HarnessProfile, RoleRule, profile_for
 from clawjax.text.messages import Message, ToolSpec
 
 from tests.serving.helpers import (FINAL_TURN, WRITE_TURN, assert_linear_zero_drift, echo_tool_call_round,
@@ -240,9 +241,27 @@ def test_claude_code_profile_roles():
       "subagent"
   assert p.role(_req("Generate a concise title", "hello", tools=False)) == "auxiliary"
   assert profile_for("some-new-harness").role(_req("x", "y", tools=False)) == "main"
-  assert set(PROFILES) == {"claude_code", "openclaw", "mini"}
+  assert set(PROFILES) == {"claude_code", "openclaw", "codex", "mini"}
   with pytest.raises(ValueError, match="role"):
     RoleRule("boss", "system", "x")
+
+
+def test_codex_profile_reads_roles_from_its_turn_metadata():
+  p = profile_for("codex")
+  req = lambda **meta: dataclasses.replace(_req("You are a coding agent", "fix it"), metadata=meta)
+  assert p.role(req(request_kind="turn", thread_source="user")) == "main"
+  assert p.role(req(request_kind="turn", thread_source="subagent", parent_thread_id="t")) == "subagent"
+  assert p.role(req(request_kind="compaction", thread_source="subagent")) == "compaction"
+  assert p.role(req(request_kind="memory")) == "auxiliary"
+  assert p.role(req()) == "main"  # No metadata: the prompt decides.
+  compact = _req("x", "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary")
+  assert p.role(compact) == "compaction"
+  # A rule on a metadata value that is not a string matches its JSON.
+  rule = RoleRule("auxiliary", "meta:compaction", '"phase": "mid_turn"')
+  assert HarnessProfile("h", (rule,)).role(req(compaction={"phase": "mid_turn"})) == "auxiliary"
+  for place in ("meta:", "metadata", "user"):
+    with pytest.raises(ValueError, match="place"):
+      RoleRule("main", place, "x")
 
 
 def test_an_engine_with_a_shorter_context_sets_the_limit(make_shim, template, tmp_path):

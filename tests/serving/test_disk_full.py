@@ -21,7 +21,7 @@ from clawjax import calllog
 from clawjax.harness.rollout import ShimClient, ShimError
 from clawjax.serving import logspace
 
-from tests.serving.helpers import FINAL_TURN, anthropic_text, log_calls, openai_text, post
+from tests.serving.helpers import FINAL_TURN, anthropic_text, log_calls, openai_text, post, responses_text
 
 CAPACITY = 256 * 1024
 FLOOR = 32 * 1024  # ShimConfig.min_free_log_bytes in this test
@@ -164,11 +164,21 @@ def test_disk_full_loses_no_acknowledged_call_and_tears_no_line(tiny_log_dir, ma
       _assert_whole_lines(tiny_log_dir)
       assert log_calls(r["log_path"]) == []  # Cut back to nothing: the failed record was the first.
       failed.append(r)
+    # The Responses API: the same 500, or once streaming a response.failed event for response.completed.
+    for stream, error in ((False, openai.InternalServerError), (True, ValueError)):
+      r, _, o = rollout()
+      with pytest.raises(error, match="could not record this call.*No space left"):
+        responses_text(o, _long_prompt(10 + stream), stream)
+      _assert_whole_lines(tiny_log_dir)
+      assert log_calls(r["log_path"]) == []
+      failed.append(r)
     # A short call still fits: acknowledged and on disk.
     r, a, o = rollout()
     anthropic_call(r, a, "hi", stream=True)
     openai_call(r, o, "hi", stream=False)
-    assert len(log_calls(r["log_path"])) == 2
+    assert responses_text(o, "hi", stream=True) == FINAL_TURN.text
+    acked[r["rollout_id"]] += 1
+    assert len(log_calls(r["log_path"])) == 3
   # Below the floor: 503 in each dialect's shape before anything is read or written; no new rollouts.
   with _leave_free(tiny_log_dir, FLOOR // 2):
     sizes = {n: os.path.getsize(tiny_log_dir / n) for n in os.listdir(tiny_log_dir)}

@@ -1,4 +1,4 @@
-"""Fuzzing both dialects' model routes: random JSON, mutated valid bodies, byte-level damage (invalid
+"""Fuzzing the three dialects' model routes: random JSON, mutated valid bodies, byte-level damage (invalid
 UTF-8, cut or spliced JSON), huge and deeply nested bodies, special-token text. Every answer is a
 well-formed 4xx in the dialect's shape or a correct 200; never a 500; a 4xx writes nothing and a 200
 writes exactly its record; the process's memory stays bounded."""
@@ -36,6 +36,22 @@ OPENAI_BODIES = [
                       {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
                   {"role": "tool", "tool_call_id": "call_1", "content": "done"}]},
 ]
+RESPONSES_BODIES = [
+    {"model": "m", "input": [{"role": "user", "content": "hi"}]},
+    {"model": "m", "stream": True, "max_output_tokens": 40, "include": ["reasoning.encrypted_content"],
+     "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}},
+               {"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "g"}]},
+               {"type": "web_search"}],
+     "client_metadata": {"x-codex-turn-metadata": "{\"request_kind\": \"turn\", \"thread_id\": \"t\"}"},
+     "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sys"}]},
+               {"role": "user", "content": [{"type": "input_text", "text": "go"}]},
+               {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}]},
+               {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "g", "namespace": "ns",
+                "arguments": "{\"a\": 1}"},
+               {"type": "function_call_output", "call_id": "call_1", "output": "done"}]},
+]
+BODIES = {"anthropic": ANTHROPIC_BODIES, "openai": OPENAI_BODIES, "responses": RESPONSES_BODIES}
+ROUTES = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions", "responses": "/v1/responses"}
 
 texts = st.one_of(st.text(max_size=40), st.sampled_from(SPECIAL),
                   st.lists(st.sampled_from(SPECIAL), max_size=4).map("".join))
@@ -96,7 +112,7 @@ def extreme(draw, bodies):
   if kind == "deep":
     depth = draw(st.sampled_from([129, 1000, 1025, 50_000]))
     return json.dumps(body).encode()[:-1] + b', "x": ' + b"[" * depth + b"]" * depth + b"}"
-  body["messages"][-1]["content"] = draw(st.sampled_from(SPECIAL)) * (
+  body["messages" if "messages" in body else "input"][-1]["content"] = draw(st.sampled_from(SPECIAL)) * (
       (MAX_BODY * 2 if kind == "over_limit" else MAX_BODY // 2) // 12)
   return json.dumps(body).encode()
 
@@ -110,10 +126,12 @@ def _check_200(api, body, text):
   """The answer is the dialect's success shape, whole (a stream ends with its last event)."""
   if json.loads(body).get("stream") is not True:  # (Only a JSON object can have been answered 200.)
     out = json.loads(text)
-    assert out["id"].startswith("msg_" if api == "anthropic" else "chatcmpl-"), out
+    assert out["id"].startswith({"anthropic": "msg_", "openai": "chatcmpl-", "responses": "resp_"}[api]), out
     return
   if api == "anthropic":
     assert text.rstrip().endswith('data: {"type":"message_stop"}'), text[-300:]
+  elif api == "responses":
+    assert json.loads(text.rstrip().rsplit("data: ", 1)[1])["type"] == "response.completed", text[-300:]
   else:
     assert text.rstrip().endswith("data: [DONE]"), text[-300:]
 
@@ -130,18 +148,17 @@ def _check_error(api, status, text):
 def test_fuzzed_bodies_get_a_4xx_or_a_correct_200(make_shim, template):
   script = [WRITE_TURN, FINAL_TURN]
   shim = make_shim(script, max_body_bytes=MAX_BODY, max_context=40_000)
-  rollouts = {api: shim.create_rollout("t", "claude_code") for api in ("anthropic", "openai")}
+  rollouts = {api: shim.create_rollout("t", "claude_code") for api in BODIES}
   seen = {"ok": 0, "4xx": 0}
   rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-  @settings(max_examples=200, deadline=None, database=None,
+  @settings(max_examples=300, deadline=None, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-  @given(st.sampled_from(["anthropic", "openai"]).flatmap(
-      lambda api: st.tuples(st.just(api), bodies_for(ANTHROPIC_BODIES if api == "anthropic" else OPENAI_BODIES))))
+  @given(st.sampled_from(sorted(BODIES)).flatmap(lambda api: st.tuples(st.just(api), bodies_for(BODIES[api]))))
   def fuzz(case):
     api, body = case
     r = rollouts[api]
-    url = r["base_url"] + ("/v1/messages" if api == "anthropic" else "/v1/chat/completions")
+    url = r["base_url"] + ROUTES[api]
     before = calllog.load(r["log_path"]).calls.get(r["rollout_id"], [])
     status, text = post(url, None, r["api_key"], raw=body)
     after = calllog.load(r["log_path"]).calls.get(r["rollout_id"], [])

@@ -113,3 +113,30 @@ def test_backend_failure_mid_stream_is_an_error_event_and_an_error_record(make_s
   first, second = log_calls(rollout["log_path"])
   assert first.status == "error" and first.output_ids == () and first.extra["backend_status"] == 529
   assert second.status == "ok" and second.input_ids == first.input_ids
+
+
+def test_responses_items_stream_while_sampling_and_equal_the_whole_turn(make_shim, template):
+  backend = ScriptedBackend(template, [LONG_TURN], token_latency_s=TOKEN_S)
+  shim = make_shim(None, backend=backend, incremental_stream=True)
+  rollout = shim.create_rollout("t", "codex")
+  c = openai.OpenAI(base_url=rollout["openai_base_url"], api_key=rollout["api_key"], max_retries=0)
+  kwargs = dict(model="m", input="go", include=["reasoning.encrypted_content"],
+                tools=[{"type": "function", "name": "write_file", "parameters": {}}])
+  with c.responses.stream(**kwargs) as s:
+    timed = _timed(s)
+    streamed = s.get_final_response()
+  text = [(t, e.delta) for t, e in timed if e.type == "response.output_text.delta"]
+  thinking = [e.delta for _, e in timed if e.type == "response.reasoning_text.delta"]
+  assert len(text) > 10 and len(thinking) > 5
+  assert "".join(d for _, d in text) == LONG_TURN.text and "".join(thinking) == LONG_TURN.thinking
+  done_t = next(t for t, e in timed if e.type == "response.completed")
+  assert done_t - text[-1][0] > 10 * TOKEN_S  # The tool call was still being sampled.
+  # The same turn through the non-incremental path: the same items, ids aside.
+  plain = make_shim([LONG_TURN]).create_rollout("t", "codex")
+  c2 = openai.OpenAI(base_url=plain["openai_base_url"], api_key=plain["api_key"], max_retries=0)
+  with c2.responses.stream(**kwargs) as s:
+    whole = s.get_final_response()
+  strip_ids = lambda r: [o.model_dump(exclude={"id", "call_id", "encrypted_content"}) for o in r.output]
+  assert strip_ids(streamed) == strip_ids(whole)
+  assert [o.type for o in streamed.output] == ["reasoning", "message", "function_call"]
+  assert streamed.usage.output_tokens == len(log_calls(rollout["log_path"])[0].output_ids)

@@ -85,13 +85,13 @@ def test_open_connections_per_client_are_capped(make_shim):
     s.close()
 
 
-@pytest.mark.parametrize("api", ["anthropic", "openai"])
+@pytest.mark.parametrize("api", ["anthropic", "openai", "responses"])
 def test_oversized_body_is_refused_from_its_content_length(make_shim, tmp_path, api):
   """A 27 MB body declared over a 1 MB limit: 413 at once, before the body is sent or parsed."""
   shim = make_shim([FINAL_TURN], max_body_bytes=1 << 20)
   r = shim.create_rollout("t", "claude_code")
-  path = urllib.parse.urlsplit(r["base_url"]).path + ("/v1/messages" if api == "anthropic"
-                                                     else "/v1/chat/completions")
+  path = urllib.parse.urlsplit(r["base_url"]).path + {"anthropic": "/v1/messages", "openai": "/v1/chat/completions",
+                                                     "responses": "/v1/responses"}[api]
   sock = _connect(shim.url)
   t0 = time.monotonic()
   sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {r['api_key']}\r\n"

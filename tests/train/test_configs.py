@@ -74,6 +74,10 @@ def test_paper_configs_follow_the_paper():
   by_name = {p.stem: train_config(_filled(p)) for p in CONFIGS if p.parent.name == "paper"}
   assert by_name["mix_harness_30a3b"].harnesses == ("openclaw", "claude_code")
   assert by_name["mix_harness_30a3b"].tasks_per_step == 16
+  assert by_name["grpo_codex_30a3b"].harnesses == ("codex",)
+  # Mix-harness takes any of the three harnesses.
+  mix = _filled(ROOT / "configs" / "paper" / "mix_harness_30a3b.py")
+  assert train_config(mix, ["harnesses=codex,claude_code,openclaw"]).harnesses == ("codex", "claude_code", "openclaw")
   assert by_name["ppo_openclaw_30a3b"].learner.loss == "ppo"
   assert (by_name["ppo_openclaw_30a3b"].tasks_per_step, by_name["ppo_openclaw_30a3b"].rollouts_per_task) == (256, 1)
   assert all(c.shim.max_context == 65_536 for c in by_name.values())
@@ -101,7 +105,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["progress=maybe"], r"^config\.progress: cannot read 'maybe' as bool"),
     (["learner.loss=grpoo"], r"^config\.learner\.loss: 'grpoo' is not a registered loss .*did you mean grpo\?"),
     (["learner.loss=ppo"], r"^config\.learner\.value\.kind: loss 'ppo' reads values, which is off"),
-    (["harnesses=mini,codex"], r"^config\.harnesses: \['mini', 'codex'\] must be a non-empty subset"),
+    (["harnesses=mini,cline"], r"^config\.harnesses: \['mini', 'cline'\] must be a non-empty subset"),
     (["engine.backend=scripted"], r"^config\.engine\.backend: 'scripted': training updates the engine's weights"),
     (["engine.backend=tgi"], r"^config\.engine\.backend: 'tgi' is not one of"),
     (["tasks=/no/such/dir"], r"^config\.tasks: '/no/such/dir' does not exist"),
@@ -114,6 +118,8 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
      r"^config\.batch\.drop_uninformative_groups: drops the groups whose GRPO advantages are all 0, but "
      r"learner\.loss 'ppo'"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
+    (["harnesses=codex", "rollout.harness.codex_compact_reserve=-1"],
+     r"^config\.rollout\.harness\.codex_compact_reserve: -1 must be at least 0 and below shim\.max_context"),
     (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),

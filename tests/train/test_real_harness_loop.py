@@ -1,4 +1,4 @@
-"""The RL loop behind real Claude Code and real OpenClaw: the paper's mix-harness config
+"""The RL loop behind real Claude Code and real OpenClaw (and real Codex): the paper's mix-harness config
 (configs/paper/mix_harness_30a3b.py: both harnesses on the same task, each its own GRPO group, the 64K
 window) run by `experiments/train.py`, shrunk on the command line to CPU size: every token sampled by the
 embedded engine (test-tiny: Qwen3's architecture, vocabulary and template at toy width, random weights),
@@ -65,6 +65,20 @@ def _train(tasks: pathlib.Path, workdir: pathlib.Path, *extra: str) -> None:
   assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def _check_step(row, loaded, label, harnesses):
+  """A step's calls came from every harness, went through the filters, and trained the policy."""
+  ok_calls = [c for rid, calls in loaded.calls.items() if rid.startswith(label) for c in calls if c.status == "ok"]
+  assert {c.harness for c in ok_calls} == set(harnesses)
+  assert all(len(c.input_ids) > 5000 for c in ok_calls)  # the harnesses' real prompts
+  # Each logged call of a scored rollout went through the filters, counted by its reason.
+  assert sum(v for k, v in row.items() if k.startswith("count/calls_")) == len(ok_calls)
+  assert row["count/calls_train"] > 0
+  for harness in harnesses:  # one GRPO group per (task, harness)
+    assert f"reward_group/notes/{harness}/mean" in row
+  assert row["trained_rollouts"] > 0 and row["updates"] >= 1 and row["grad_norm"] > 0
+  return ok_calls
+
+
 def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
   for name in ("claude_code", "openclaw"):
     install_or_skip(name)
@@ -75,15 +89,7 @@ def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
   assert [r["step"] for r in rows] == [1, 2] and "groups/taken" in rows[1] and "groups/taken" not in rows[0]
   loaded = load(workdir / "calls", errors="collect")
   for row, label in zip(rows, ("s1-", "s2-")):
-    ok_calls = [c for rid, calls in loaded.calls.items() if rid.startswith(label) for c in calls if c.status == "ok"]
-    assert {c.harness for c in ok_calls} == {"claude_code", "openclaw"}
-    assert all(len(c.input_ids) > 5000 for c in ok_calls)  # the harnesses' real prompts
-    # Each logged call of a scored rollout went through the filters, counted by its reason.
-    assert sum(v for k, v in row.items() if k.startswith("count/calls_")) == len(ok_calls)
-    assert row["count/calls_train"] > 0
-    for harness in ("claude_code", "openclaw"):  # one GRPO group per (task, harness)
-      assert f"reward_group/notes/{harness}/mean" in row
-    assert row["trained_rollouts"] > 0 and row["updates"] >= 1 and row["grad_norm"] > 0
+    _check_step(row, loaded, label, ("claude_code", "openclaw"))
 
   # The parameters moved: the checkpoint's policy differs from the initial one.
   cfg = train_config(json.loads((workdir / "config.json").read_text()))
@@ -93,3 +99,16 @@ def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
   learner.state, _ = Checkpointer(workdir / "checkpoints").restore(learner.state)
   after = jax.device_get(learner.state.params["policy"])
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
+
+
+def test_a_mix_harness_step_behind_real_codex_and_real_claude_code(tmp_path):
+  """The same config with Codex (the Responses API) in OpenClaw's place: one synchronous step trains on
+  both harnesses' calls."""
+  for name in ("claude_code", "codex"):
+    install_or_skip(name)
+  tasks, workdir = _task_dir(tmp_path), tmp_path / "run"
+  _train(tasks, workdir, "--config.steps=1", "--config.harnesses=codex,claude_code")
+  (row,) = read_metrics(workdir, "rl")
+  ok_calls = _check_step(row, load(workdir / "calls", errors="collect"), "s1-", ("codex", "claude_code"))
+  assert {c.extra["api"] for c in ok_calls if c.harness == "codex"} == {"responses"}
+  assert {c.role for c in ok_calls if c.harness == "codex"} == {"main"}
