@@ -1,6 +1,7 @@
-"""The experiment scripts' command line (absl): `--config=FILE` plus `--config.a.b=v` overrides resolved into
-the run's typed config (clawjax/config.py), `--print_config`, `--workdir`, and a configuration mistake ending
-the script with one `error: ...` line and a non-zero status. A script's main is flags -> config -> library call:
+"""The experiment scripts' command line (absl): `--config=FILE[:ARG]` plus `--config.a.b=v` overrides resolved
+into the run's typed config (clawjax/config.py), `--print_config`, `--workdir`, and a configuration mistake
+(no --config, a missing or failing config file, a bad key or value) ending the script with one
+`error: ...` line and a non-zero status. A script's main is flags -> config -> library call:
 
   _FLAGS = cli.define_flags("configs/*.py", "run directory (checkpoints, logs, metrics)")
 
@@ -27,7 +28,6 @@ from clawjax.jax_import import import_jax
 import_jax()  # before anything else imports it: see clawjax/jax_import.py
 
 from absl import app, flags  # pylint: disable=wrong-import-position
-from ml_collections import config_flags  # pylint: disable=wrong-import-position
 
 from clawjax import config as config_lib  # pylint: disable=wrong-import-position
 
@@ -69,12 +69,15 @@ class ScriptFlags:
   config: flags.FlagHolder
   workdir: flags.FlagHolder | None  # None: the script writes nothing (experiments/compile.py)
   print_config: flags.FlagHolder
+  config_files: str  # what --config takes, e.g. "configs/*.py"
 
   def resolve(self, args: Args, make_config: Callable[[Any, Sequence[str]], T]) -> tuple[T, str | None]:
     """(the typed config `make_config` builds from the file's ConfigDict and the overrides, the workdir).
     With --print_config, prints the config as JSON and exits; without --workdir, exits with an error line.
     A ConfigError propagates (see `exit_on_errors`)."""
-    cfg = make_config(self.config.value, args.overrides)
+    if not self.config.value:
+      raise config_lib.ConfigError(f"--config is required: a config file ({self.config_files}); --help says more")
+    cfg = make_config(config_lib.load_config_file(self.config.value), args.overrides)
     if self.print_config.value:
       print(json.dumps(config_lib.to_json(cfg), indent=2))
       sys.exit(0)
@@ -87,15 +90,16 @@ class ScriptFlags:
 
 def define_flags(config_files: str, workdir_help: str | None) -> ScriptFlags:
   """Defines --config (a file such as `config_files`), --workdir (unless `workdir_help` is None) and
-  --print_config; call at import."""
-  # config_flags would otherwise read the overrides from sys.argv itself and check them against the file's
-  # ConfigDict, not the typed config.
-  config = config_flags.DEFINE_config_file("config", None, config_files, lock_config=True,
-                                           sys_argv=_split_overrides(sys.argv)[0])
-  workdir = None if workdir_help is None else flags.DEFINE_string("workdir", None, workdir_help)
-  return ScriptFlags(config=config, workdir=workdir,
-                     print_config=flags.DEFINE_bool("print_config", False,
-                                                    "print the resolved config as JSON and exit"))
+  --print_config as the calling script's own flags (its --help lists them); call at import."""
+  main = sys.argv[0]  # absl's --help lists the flags of the module named so
+  config = flags.DEFINE_string(
+      "config", None, f"config file ({config_files}), FILE:ARG passes ARG to its get_config; set any field of "
+      "the config with --config.a.b=v (--print_config lists every field)", module_name=main)
+  workdir = None if workdir_help is None else flags.DEFINE_string("workdir", None, workdir_help, module_name=main)
+  print_config = flags.DEFINE_bool(
+      "print_config", False, "print every field of the resolved config (what --config.a.b=v can set) as JSON "
+      "and exit", module_name=main)
+  return ScriptFlags(config=config, workdir=workdir, print_config=print_config, config_files=config_files)
 
 
 @contextlib.contextmanager

@@ -11,9 +11,12 @@ file: every field is settable from the command line whichever file is used.
   --config.model.overrides.d_model=64      a key inside a dict field
   --config.rollout.judge.url=none          None, for a field that may be None
 
-An unknown key, a wrong type or a bad name is a `ConfigError`, one line that names the key (and the
-closest valid keys), raised before anything starts. The experiment scripts' command line (the config
-file, its overrides, `--print_config`, `--workdir`) is clawjax/cli.py.
+An unknown key, a wrong type, a bad name or a number out of its field's range is a `ConfigError`, one
+line that names the key (and the closest valid keys), raised before anything starts. A number field
+declares the values it means something for on its type: `lr: Positive[float]` (> 0), `retries:
+NonNegative[int]` (>= 0), `top_p: Fraction` (in [0, 1]), `steps: Count` (>= 1), or `Annotated[int,
+Range(low=8)]` for another range. The experiment scripts' command line (the config file, its overrides,
+`--print_config`, `--workdir`) is clawjax/cli.py.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import pathlib
 import sys
+import traceback
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 T = TypeVar("T")
 _NONE_WORDS = ("none", "null")
@@ -40,6 +45,58 @@ _FALSE_WORDS = ("false", "0", "no", "off")
 
 class ConfigError(ValueError):
   """A configuration mistake; the message is one line naming the field."""
+
+
+# ---- ranges: the values a number field means something for -------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """A number field's meaningful values, declared on its type (`Annotated[float, Range(low=0)]`) and
+  checked wherever a config is built from a file or the command line: finite, and within [low, high]
+  (an open end excludes its bound)."""
+  low: float | None = None
+  high: float | None = None
+  open_low: bool = False
+  open_high: bool = False
+
+  def __str__(self) -> str:
+    if self.low is not None and self.high is not None:
+      return f"in {'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+    if self.low is not None:
+      return f"{'>' if self.open_low else '>='} {self.low:g}"
+    return f"{'<' if self.open_high else '<='} {self.high:g}"
+
+  def holds(self, value: float) -> bool:
+    return math.isfinite(value) and (
+        self.low is None or (value > self.low if self.open_low else value >= self.low)) and (
+        self.high is None or (value < self.high if self.open_high else value <= self.high))
+
+
+Positive = Annotated[T, Range(low=0, open_low=True)]                     # rates, timeouts, sizes
+NonNegative = Annotated[T, Range(low=0)]                                 # coefficients, retries, 0 = off
+Fraction = Annotated[float, Range(low=0, high=1)]                        # probabilities, weights
+FractionBelow1 = Annotated[float, Range(low=0, high=1, open_high=True)]  # Adam's betas, shares of a run
+Count = Annotated[int, Range(low=1)]                                     # at least one
+
+
+def _range_of(hint: Any) -> Range | None:
+  """The Range declared on a type hint (also inside `X | None`)."""
+  for h in _union_args(hint) or (hint,):
+    if typing.get_origin(h) is Annotated:
+      found = next((m for m in h.__metadata__ if isinstance(m, Range)), None)
+      if found is not None:
+        return found
+  return None
+
+
+def check_range(hint: Any, value: Any, where: str) -> None:
+  """A ConfigError when the field of type `hint` (with its extras) declares a Range `value` is outside of."""
+  bound = _range_of(hint)
+  if bound is None or not isinstance(value, (int, float)) or isinstance(value, bool) or bound.holds(value):
+    return
+  finite = "" if math.isfinite(value) else "a finite number "
+  raise ConfigError(f"{where}: must be {finite}{bound}, got {value!r}")
 
 
 # ---- the schema: a dataclass tree --------------------------------------------------------------------
@@ -81,6 +138,23 @@ def schema_paths(cls: type, prefix: str = "") -> dict[str, Any]:
 # Keys that moved, old -> new: an old key's error names its new place.
 MOVED_FIELDS = {"engine.model": "model.init", "engine.template": "model.template",
                 "engine.template_family": "model.template_family"}
+
+
+def did_you_mean(name: str, choices: Sequence[str] | Mapping[str, str]) -> str:
+  """"; did you mean a, b?" with the choices closest to `name` (a mapping's values for its closest
+  keys), or "" when none is close."""
+  shown = choices if isinstance(choices, Mapping) else {c: c for c in choices}
+  close = [shown[c] for c in difflib.get_close_matches(name, list(shown), n=3, cutoff=0.6)]
+  return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def check_keys(cls: type, keys: Sequence[str], where: str) -> None:
+  """A ConfigError naming the first of `keys` (of a dict field handed to dataclass `cls` as keyword
+  arguments, e.g. model.overrides -> ModelConfig) that is not a field of `cls`, with the closest fields."""
+  fields = [f.name for f in dataclasses.fields(cls)]
+  for key in keys:
+    if key not in fields:
+      raise ConfigError(f"{where}.{key}: not a field of {cls.__name__}{did_you_mean(key, fields)}")
 
 
 def _suggestions(path: str, root: type) -> str:
@@ -234,7 +308,7 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], where: str = "config",
     for name, f in fields.items():
       if name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
         raise ConfigError(f"{where}.{name}: must be set (--{where}.{name}=...)")
-  hints = typing.get_type_hints(cls)
+  hints, extras = typing.get_type_hints(cls), typing.get_type_hints(cls, include_extras=True)
   kwargs = {}
   for name, value in values.items():
     f = fields[name]
@@ -247,6 +321,7 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], where: str = "config",
     else:
       default = None
     kwargs[name] = _convert(hints[name], value, f"{where}.{name}", default, root)
+    check_range(extras[name], kwargs[name], f"{where}.{name}")
   try:
     return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
   except ConfigError:
@@ -259,6 +334,8 @@ def from_mapping(cls: type[T], values: Mapping[str, Any], where: str = "config",
 def resolve(cls: type[T], values: Mapping[str, Any] | Any, overrides: Sequence[str] = ()) -> T:
   """The dataclass `cls` of a ConfigDict (or nested dict) with `--config.` overrides ("a.b=v") on top."""
   values = values.to_dict() if hasattr(values, "to_dict") else json.loads(json.dumps(values, default=list))
+  if not isinstance(values, dict):
+    raise ConfigError(f"config: expected a ConfigDict or a dict, got {type(values).__name__}")
   for item in overrides:
     path, value = parse_override(cls, item)
     _set_path(values, path, value)
@@ -343,6 +420,40 @@ def _import_file(path: pathlib.Path) -> types.ModuleType:
     del sys.modules[module_name]
     raise
   return module
+
+
+def _line_in(error: BaseException, path: pathlib.Path) -> str:
+  """"FILE:LINE: " of the deepest frame of `error` inside `path` (its own line for a SyntaxError)."""
+  path = path.resolve()
+  if isinstance(error, SyntaxError) and error.filename and pathlib.Path(error.filename).resolve() == path:
+    return f"{error.filename}:{error.lineno}: "
+  frames = [f for f in traceback.extract_tb(error.__traceback__) if pathlib.Path(f.filename).resolve() == path]
+  return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+
+
+def load_config_file(spec: str) -> Any:
+  """The ConfigDict of `--config=FILE[:ARG]`: FILE's `get_config(ARG)` (`get_config()` without ARG). No
+  such file, no get_config, an error in the file or a ValueError of get_config (a bad ARG) is a
+  ConfigError naming the file (and the line for an error in its code)."""
+  path_text, colon, arg = spec.partition(":")
+  where, path = f"--config={spec}", pathlib.Path(path_text)
+  if not path.is_file():
+    siblings = {p.name: p.as_posix() for p in path.parent.glob("*.py")} if path.parent.is_dir() else {}
+    raise ConfigError(f"{where}: no such file{did_you_mean(path.name, siblings)}")
+  try:
+    get_config = getattr(_import_file(path), "get_config", None)
+    if get_config is None:
+      raise ConfigError(f"{where}: {path_text} defines no get_config()")
+    config = get_config(*([arg] if colon else []))
+  except ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (any failure of the file's code is the config's)
+    # A ValueError is the file's own check of its argument; anything else is a mistake in its code.
+    message = str(e) if isinstance(e, ValueError) else f"{_line_in(e, path)}{type(e).__name__}: {e}"
+    raise ConfigError(f"{where}: {' '.join(message.split())}") from None
+  if config is None:
+    raise ConfigError(f"{where}: get_config() returned None (a missing return?)")
+  return config
 
 
 def config_module(config_file: str, sibling: str) -> types.ModuleType:

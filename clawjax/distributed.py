@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from clawjax.config import ConfigError
+from clawjax.config import ConfigError, Positive
 
 CPU_COLLECTIVES = ("gloo", "mpi")
 
@@ -39,9 +39,9 @@ class DistributedConfig:
   auto_detect: bool = False           # let JAX find the unset fields above from the cluster environment
   # Cross-process collectives of the CPU backend (CPU-only runs, e.g. the local 2-process simulation).
   cpu_collectives: str = "gloo"
-  initialization_timeout_s: int = 300  # how long a process waits for the others to join
+  initialization_timeout_s: Positive[int] = 300  # how long a process waits for the others to join
   # How long a process that finished its share of the work (an evaluation's rollouts) waits for the others.
-  finish_timeout_s: int = 24 * 3600
+  finish_timeout_s: Positive[int] = 24 * 3600
 
   def __post_init__(self):
     where = "config.distributed"

@@ -6,6 +6,8 @@ Writes reward.png (RL reward per step, held-out eval, SFT loss) and learner.png 
 TIS-truncation fractions, grad norm) from WORKDIR/metrics.jsonl.
 """
 
+import sys
+
 from absl import app, flags
 
 from clawjax.train.plots import plot_run
@@ -16,7 +18,11 @@ _OUT = flags.DEFINE_string("out", None, "where to write the PNGs (default: the r
 
 def main(argv: list[str]) -> None:
   del argv
-  for path in plot_run(_WORKDIR.value, _OUT.value):
+  try:
+    paths = plot_run(_WORKDIR.value, _OUT.value)
+  except (ValueError, OSError) as e:  # no metrics, a bad line of metrics.jsonl, an unwritable --out
+    sys.exit(f"error: {e}")
+  for path in paths:
     print(path)
 
 

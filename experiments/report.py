@@ -8,6 +8,7 @@ rollouts linked to their trees (WORKDIR/report/*.html), the evaluation summary. 
 """
 
 import argparse
+import os
 import sys
 
 from clawjax.report.run import write_report
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="decode tokens with this tokenizer name or model dir (default: the run's model)")
   args = parser.parse_args(argv)
   try:
+    if not os.path.isdir(args.workdir):
+      raise ValueError(f"{args.workdir}: no such run directory")
     print(write_report(args.workdir, args.tokenizer))
   except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)

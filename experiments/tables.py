@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> None:
                       help="leave out the paper's rows that no run matches")
   parser.add_argument("--baseline", default=None, help="a model label: paired test of each row against it")
   parser.add_argument("--transfer", action="store_true", help="the trained-in x evaluated-in matrix")
-  parser.add_argument("--transfer-baseline", default=BASE,
-                      help="the transfer matrix's row every other is tested against (default %(default)s)")
+  parser.add_argument("--transfer-baseline", default=None,
+                      help=f"the transfer matrix's row every other is tested against (default {BASE})")
   defaults = StatsConfig()
   parser.add_argument("--confidence", type=float, default=defaults.confidence, help="of the bootstrap interval")
   parser.add_argument("--samples", type=int, default=defaults.samples,

@@ -14,7 +14,7 @@ from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.config import ConfigError
-from clawjax.models.config import PRESETS, ModelConfig
+from clawjax.models.config import PRESETS, ModelConfig, unknown_model
 from clawjax.rl.config import LearnerConfig
 from clawjax.sft.config import SFTRunConfig
 from clawjax.sharding import CompileTarget, MeshConfig
@@ -57,12 +57,12 @@ def _model(settings: Any, target: CompileTarget) -> tuple[ModelConfig, str]:
   if not name:
     raise ConfigError("config.model.init: unset, and config.compile.model names no preset to compile instead")
   overrides = dict(settings.overrides)
+  problem = unknown_model(name)
+  if problem:
+    raise ConfigError(f"config.model.init: {problem}")
   if name in PRESETS:
     return PRESETS[name].replace(**overrides), name
   hf = pathlib.Path(name) / "config.json"
-  if not hf.exists():
-    raise ConfigError(f"config.model.init: {name!r} is neither a preset ({sorted(PRESETS)}) nor a directory "
-                      "with config.json")
   return ModelConfig.from_hf_config(json.loads(hf.read_text()), **overrides), name
 
 

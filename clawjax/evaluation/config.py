@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
-from clawjax.config import ConfigError
+from clawjax.config import ConfigError, Count, NonNegative
 from clawjax.distributed import DistributedConfig
 from clawjax.evaluation.report import TRAINED_IN_BASES
 from clawjax.evaluation.results import STATUSES
@@ -44,9 +44,9 @@ class EvalConfig:
   # (`tables.py --transfer`). None: not stated; the transfer matrix leaves the run out.
   trained_in: str | None = None
   task_ids: tuple[str, ...] = ()  # evaluate only these tasks (`--config.task_ids=a,b`); () = all
-  max_tasks: int = 0  # evaluate only the first N tasks in load order; 0 = all
-  num_samples: int = 1  # rollouts per task; a task scores the mean over them
-  concurrency: int = 8  # rollouts in flight at once
+  max_tasks: NonNegative[int] = 0  # evaluate only the first N tasks in load order; 0 = all
+  num_samples: Count = 1  # rollouts per task; a task scores the mean over them
+  concurrency: Count = 8  # rollouts in flight at once
   rerun_statuses: tuple[str, ...] = ("failed",)  # a resumed run redoes rollouts last recorded so
   unscored: str = "zero"  # how a rollout with no score counts: see clawjax/evaluation/summary.py
   # Use a task's own wall clock (PinchBench `timeout_seconds`) for its rollout and harness where it
@@ -75,9 +75,6 @@ class EvalConfig:
         ("rollout.harness.codex_compact_reserve", self.harness != "codex"
          or 0 <= self.rollout.harness.codex_compact_reserve < self.shim.max_context,
          f"{self.rollout.harness.codex_compact_reserve} must be at least 0 and below shim.max_context"),
-        ("num_samples", self.num_samples >= 1, "must be >= 1"),
-        ("concurrency", self.concurrency >= 1, "must be >= 1"),
-        ("max_tasks", self.max_tasks >= 0, "must be >= 0"),
         ("unscored", self.unscored in UNSCORED_CHOICES, f"not one of {UNSCORED_CHOICES}"),
         ("rerun_statuses", set(self.rerun_statuses) <= set(STATUSES), f"not a subset of {STATUSES}"),
         ("shim.log_dir", not self.shim.log_dir, "is set by the run (WORKDIR/calls); leave it out"),
@@ -93,6 +90,8 @@ class EvalConfig:
     for field, ok, message in checks:
       if not ok:
         raise ConfigError(f"config.{field}: {message}")
+    if self.engine.backend == "embedded" and not self.shim_url:  # the run loads the model itself
+      self.model.check_loadable()
 
   @property
   def label(self) -> str:

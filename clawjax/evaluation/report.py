@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from clawjax import environment
-from clawjax.config import differences
+from clawjax.config import did_you_mean, differences
 from clawjax.evaluation import paper
 from clawjax.evaluation.results import STATUSES, ResultsError, TaskResult, latest, load_results
 from clawjax.evaluation.stats import StatsConfig, bootstrap_interval, paired_test, task_bootstrap_interval
@@ -213,6 +213,14 @@ def _versus(a: Repeats, b: Repeats, stats: StatsConfig, category: str | None = N
   return f"{delta:+.2f} (p={paired_test(x, y, stats):.3g}, {len(common)} tasks)"
 
 
+def _check_named(name: str, present: Sequence[str], what: str, kind: str) -> None:
+  """A ResultsError unless `name` is one of `present` (the runs' model labels, or trained_in values)."""
+  names = sorted(set(present))
+  if name not in names:
+    raise ResultsError(f"{what} {name!r} is the {kind} of no run given; theirs: {', '.join(names) or 'none'}"
+                       f"{did_you_mean(name, names)}")
+
+
 def seeds_table(runs: Sequence[Run], stats: StatsConfig = StatsConfig(), baseline: str | None = None,
                 categories: bool = False) -> Table:
   """One row per (harness, model, benchmark) (and category, with `categories`): n seeds, the mean over
@@ -220,6 +228,8 @@ def seeds_table(runs: Sequence[Run], stats: StatsConfig = StatsConfig(), baselin
   model label), a paired test per task of each row against that model's row of the same harness and
   benchmark (and category)."""
   merged = _merge(runs)
+  if baseline:
+    _check_named(baseline, [model for _, model in merged], "baseline", "model label")
   columns = ["harness", "model", "benchmark", *(["category"] if categories else []), "n", "mean",
              f"{stats.confidence:.0%} CI low", f"{stats.confidence:.0%} CI high", "tasks",
              *([] if categories else ["paper"]), *([f"vs {baseline}"] if baseline else [])]
@@ -248,14 +258,19 @@ BASE = TRAINED_IN_BASES[0]
 
 
 def transfer_tables(runs: Sequence[Run], stats: StatsConfig = StatsConfig(),
-                    baseline: str = BASE) -> list[tuple[str, Table]]:
+                    baseline: str | None = None) -> list[tuple[str, Table]]:
   """(benchmark, table) per benchmark: rows = the harness the policy was trained in (EvalConfig
   `trained_in`: a harness, "base", "cold_start"), columns = the harness it was evaluated in. A cell is
   the benchmark's mean (over tasks of each task's mean over seeds, in percent) with its interval over
   tasks and seeds (`task_bootstrap_interval`): "mean [low, high] n=T tasks x S seeds"; each column's
-  "vs `baseline`" is the paired test per task against the baseline row's run in that harness. Runs that
+  "vs `baseline`" (a trained_in value some run states; None: BASE, where a run states it) is the paired
+  test per task against the baseline row's run in that harness. Runs that
   do not state `trained_in` are left out; two models in one cell are an error."""
   merged = _merge([r for r in runs if r.info.trained_in is not None])
+  if baseline is not None and merged:
+    _check_named(baseline, [rep.trained_in for by in merged.values() for rep in by.values()], "baseline",
+                 "trained_in")
+  baseline = baseline or BASE
   out = []
   for bench in sorted({b for by in merged.values() for b in by}):
     cells: dict[tuple[str, str], tuple[str, Repeats]] = {}

@@ -56,9 +56,12 @@ def run_info(config: EvalConfig) -> report.RunInfo:
                         trained_in=config.trained_in)
 
 
-def _pin_run_info(workdir: pathlib.Path, info: report.RunInfo) -> None:
+def _pin_run_info(workdir: pathlib.Path, info: report.RunInfo, primary: bool) -> None:
+  """Writes run.json, or checks it against a run already there: a directory holds one run's results. One
+  that holds none yet (its start failed) takes the new run's (process 0 rewrites it, the others check)."""
   old = report.read_run_info(workdir)
-  if old is None:
+  recorded = any(f.exists() and f.stat().st_size for f in _result_files(workdir))
+  if old is None or (primary and not recorded):
     (workdir / report.RUN_FILE).write_text(json.dumps(dataclasses.asdict(info), indent=2) + "\n")
     return
   diff = {k: (v, getattr(info, k)) for k, v in dataclasses.asdict(old).items()
@@ -138,10 +141,10 @@ def run_eval(config: EvalConfig, workdir: str | pathlib.Path,
   workdir.mkdir(parents=True, exist_ok=True)
   info = run_info(config)
   if primary:
-    _pin_run_info(workdir, info)
+    _pin_run_info(workdir, info, primary)
   distributed.sync("eval: run.json pinned")
   if not primary:
-    _pin_run_info(workdir, info)  # checks it against process 0's
+    _pin_run_info(workdir, info, primary)  # checks it against process 0's
   isolation = start_run(config.rollout, workdir, [config.harness], record_environment=primary)
   if primary:
     (workdir / "config.json").write_text(json.dumps(config_lib.to_json(config), indent=2) + "\n")

@@ -23,6 +23,7 @@ import sqlite3
 import sys
 from typing import Any
 
+from clawjax.config import Count, NonNegative, Positive
 from clawjax.harness import codex, install
 
 log = logging.getLogger(__name__)
@@ -33,25 +34,25 @@ _BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 @dataclasses.dataclass(frozen=True)
 class HarnessOptions:
   model: str = "policy"      # the model name the harness sends (the shim serves whatever it loaded)
-  max_turns: int = 30        # the harness's own agent-turn limit
-  timeout_s: float = 1800.0  # the harness's own deadline, where it has one (OpenClaw --timeout)
+  max_turns: Count = 30      # the harness's own agent-turn limit
+  timeout_s: Positive[float] = 1800.0  # the harness's own deadline, where it has one (OpenClaw --timeout)
   # Claude Code's CLAUDE_CODE_MAX_RETRIES (its default of 10 retries spends minutes on a dead backend).
-  claude_max_retries: int = 2
+  claude_max_retries: NonNegative[int] = 2
   # OpenClaw model entry maxTokens (the shim caps generations server-side anyway).
-  openclaw_max_tokens: int = 8192
+  openclaw_max_tokens: Count = 8192
   # Prompt + generation tokens the model takes. None: the shim's limit, from its POST /rollouts answer
   # (what `run_rollout` fills in); smaller makes the harness compact earlier. Told to Claude Code
   # (CLAUDE_CODE_MAX_CONTEXT_TOKENS), OpenClaw (the model's contextWindow) and Codex (its model
   # catalog): for a model name they do not know, Claude Code assumes 1M tokens, Codex and OpenClaw
   # their own defaults, so none would compact before the shim's "prompt is too long", which ends the run.
-  context_window: int | None = None
+  context_window: Positive[int] | None = None
   # Codex's request_max_retries and stream_max_retries (its defaults, 4 and 5, spend minutes on a dead
   # backend).
-  codex_max_retries: int = 2
+  codex_max_retries: NonNegative[int] = 2
   # Codex compacts once its context passes context_window less this: a generation of the shim's
   # default 8,192 tokens plus two tool outputs at Codex's cut of 10,000 bytes (~2.5K tokens each),
   # rounded up. Not published.
-  codex_compact_reserve: int = 16_384
+  codex_compact_reserve: NonNegative[int] = 16_384
   # Codex compacts remotely (its remote_compaction_v2 beta, answered by the shim) instead of asking the
   # model for a summary in a normal call; see clawjax/harness/codex.py.
   codex_remote_compaction: bool = False

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clawjax.calllog import CallLogWriter, RolloutRecord
+from clawjax.config import Count, NonNegative, Positive
 from clawjax.cpus import parse_cpu_list
 from clawjax.harness import rundirs, sandbox
 from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
@@ -52,14 +53,14 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-  timeout_s: float = 1800.0        # harness wall clock (not published; the harness's own deadline)
-  settle_checks: int = 3           # unchanged consecutive polls that count as settled
-  settle_interval_s: float = 0.5   # between polls
-  settle_timeout_s: float = 60.0   # give up settling after this long (the record says so)
-  http_timeout_s: float = 30.0     # one admin API request
+  timeout_s: Positive[float] = 1800.0  # harness wall clock (not published; the harness's own deadline)
+  settle_checks: Count = 3         # unchanged consecutive polls that count as settled
+  settle_interval_s: Positive[float] = 0.5  # between polls
+  settle_timeout_s: Positive[float] = 60.0  # give up settling after this long (the record says so)
+  http_timeout_s: Positive[float] = 30.0  # one admin API request
   work_root: str | None = None     # holds clawjax-rollouts/<run id>/<rollout id>/; None: system temp
   keep_dirs: bool = False          # keep the workspace, HOME and harness output after the rollout
-  output_tail_chars: int = 4000    # of the harness's stdout/stderr kept in the record's `extra`
+  output_tail_chars: NonNegative[int] = 4000  # of the harness's stdout/stderr kept in the record's `extra`
   harness: HarnessOptions = HarnessOptions()
   sandbox: sandbox.SandboxConfig = sandbox.SandboxConfig()
   scoring: ScoringConfig = ScoringConfig()

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from clawjax.config import NonNegative
 from clawjax.harness import relay, rundirs
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class SandboxConfig:
   # `SandboxSpec.hidden_paths` and clawjax's bundled task data): each is replaced by an empty one.
   extra_hidden_paths: tuple[str, ...] = ()
   # Grace between SIGTERM and SIGKILL when a run times out.
-  kill_grace_s: float = 2.0
+  kill_grace_s: NonNegative[float] = 2.0
 
   def __post_init__(self):
     if self.mode not in ("auto", "bwrap", "none"):

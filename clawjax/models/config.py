@@ -8,6 +8,8 @@ run-time fields (dtypes, attention implementation, remat) are ours: only param_d
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import pathlib
 from typing import Any
 
 import jax.numpy as jnp
@@ -208,6 +210,16 @@ PRESETS: dict[str, ModelConfig] = {
         n_experts=128, top_k=8, moe_mlp_dim=768, norm_topk_prob=True,
         max_position_embeddings=40_960, bos_token_id=151_643, eos_token_id=151_645),
 }
+
+
+def unknown_model(spec: str) -> str | None:
+  """Why `spec` names no model to load, with the closest preset names; None when it is a preset or a
+  Hugging Face directory (one with config.json)."""
+  if spec in PRESETS or (pathlib.Path(spec) / "config.json").is_file():
+    return None
+  close = difflib.get_close_matches(spec, list(PRESETS), n=3, cutoff=0.6)
+  hint = f"did you mean {', '.join(close)}?" if close else f"the presets: {', '.join(PRESETS)}"
+  return f"{spec!r} is neither a preset nor a directory with config.json; {hint}"
 
 
 def preset(name: str, **runtime: Any) -> ModelConfig:

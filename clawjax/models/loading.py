@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from clawjax.models import hf_io
-from clawjax.models.config import PRESETS
+from clawjax.models.config import PRESETS, unknown_model
 from clawjax.models.model import Decoder
 
 REAL_PRESETS = {"smollm2-135m"}  # presets backed by real weights; the others are random
@@ -52,12 +52,13 @@ def load_model(spec: str, seed: int = 0, mesh: Mesh | None = None, random_init: 
   """`overrides` sets ModelConfig fields: run-time ones (dtype, param_dtype, attention_impl, remat), and
   for a random preset its sizes too. With a `mesh`, real weights load straight into their shards
   (`hf_io.load`); a random preset is initialised on the host either way."""
+  problem = unknown_model(spec)
+  if problem:
+    raise ValueError(f"model {problem}")
   if spec in PRESETS and (random_init or spec not in REAL_PRESETS):
     cfg = PRESETS[spec].replace(**overrides)
     return LoadedModel(Decoder(cfg, rngs=nnx.Rngs(seed)), spec, cfg.eos_token_id, None)
   hf_dir = real_preset_dir(spec) if spec in REAL_PRESETS else pathlib.Path(spec)
-  if not (hf_dir / "config.json").is_file():
-    raise ValueError(f"--model {spec!r}: neither a preset ({sorted(PRESETS)}) nor a directory with config.json")
   if random_init:
     raise ValueError(f"model {spec!r}: random_init needs a preset ({sorted(PRESETS)}), not a directory")
   model = hf_io.load(hf_dir, mesh=mesh, **overrides)

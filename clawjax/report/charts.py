@@ -1,6 +1,7 @@
 """A run's metrics.jsonl as inline SVG charts: reward per harness and per group, calls kept and dropped by
-reason, over-branching, drift, TIS truncation, clip fraction, entropy, KL, grad norm, tokens/s, rollout
-vs learner time, the cold-start SFT loss and held-out evaluation."""
+reason, over-branching, drift, TIS truncation, clip fraction, entropy, KL, grad norm, the learner's
+log-prob gap to the engine, tokens/s, rollout vs learner time, the cold-start SFT loss and held-out
+evaluation. (clawjax/train/plots.py draws the PNGs from the same charts.)"""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ CHARTS = (
     Chart("entropy", "rl", ("entropy",)),
     Chart("KL", "rl", ("approx_kl", "kl*")),
     Chart("grad norm", "rl", ("grad_norm*",)),
+    # How far the learner's log-probs of the sampled tokens are from the engine's (should stay ~0 on-policy).
+    Chart("log-prob gap, learner vs engine", "rl", ("mean_abs_logp_old_minus_rollout",), "mean |difference|"),
     Chart("tokens/s", "rl", ("tokens_per_s",)),
     Chart("wall time per step", "rl", ("rollout_s", "learner_s", "push_s"), "s"),
     Chart("cold-start SFT loss", "sft", ("nll",), "token NLL", log=True),
@@ -79,9 +82,8 @@ def series(rows: list[dict[str, Any]], chart: Chart) -> dict[str, tuple[list[int
   return out
 
 
-def svg(chart: Chart, lines: dict[str, tuple[list[int], list[float]]]) -> str:
-  """The chart as an inline <svg> element."""
-  fig, ax = plt.subplots(figsize=(4.6, 2.8))
+def draw(ax: plt.Axes, chart: Chart, lines: dict[str, tuple[list[int], list[float]]]) -> None:
+  """The chart's lines on `ax`, with its title, axis labels and scale, and a legend naming them."""
   for name, (x, y) in lines.items():
     ax.plot(x, y, marker="o" if len(x) < 30 else None, markersize=3, label=name)
   ax.set(title=chart.title, xlabel=f"{chart.phase.upper()} step", ylabel=chart.ylabel)
@@ -90,6 +92,12 @@ def svg(chart: Chart, lines: dict[str, tuple[list[int], list[float]]]) -> str:
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   if len(lines) > 1 or any("*" in p for p in chart.patterns):
     ax.legend(fontsize=6, loc="best")
+
+
+def svg(chart: Chart, lines: dict[str, tuple[list[int], list[float]]]) -> str:
+  """The chart as an inline <svg> element."""
+  fig, ax = plt.subplots(figsize=(4.6, 2.8))
+  draw(ax, chart, lines)
   fig.tight_layout()
   buf = io.StringIO()
   fig.savefig(buf, format="svg")

@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from clawjax.config import Count, FractionBelow1, NonNegative, Positive
+
 NORMALISATIONS = ("unique", "paths")
 VALUE_KINDS = ("none", "shared", "separate")
 OPTIMIZERS = ("adamw", "sgd")
@@ -21,13 +23,13 @@ ROUTING_REPLAY = ("auto", "rollout", "off")
 class ValueConfig:
   """The critic for PPO (Eq. 2: A_t = R - V(s_t), gamma = lambda = 1)."""
   kind: str = "none"          # "none"; "shared": a linear head on the policy trunk; "separate": own trunk
-  coef: float = 0.5           # weight of the value loss next to the policy loss (common PPO value)
-  clip: float | None = 0.2    # value clipping around V_old (PPO2 style); None = plain squared error
-  pretrain_lr: float = 1e-5   # learning rate of `Learner.pretrain_value_step` (the paper pretrains V)
+  coef: NonNegative[float] = 0.5  # weight of the value loss next to the policy loss (common PPO value)
+  clip: Positive[float] | None = 0.2  # value clipping around V_old (PPO2 style); None = plain squared error
+  pretrain_lr: Positive[float] = 1e-5  # learning rate of `Learner.pretrain_value_step` (the paper pretrains V)
   # Learning rate of the critic's parameters in the RL updates (its own optimizer state and its own
   # gradient-norm clip at LearnerConfig.grad_clip). Not published; critics usually learn faster than
   # the policy (10x here, as the pretraining default).
-  lr: float = 1e-5
+  lr: Positive[float] = 1e-5
   # "separate" only: take the critic's gradient after the policy's backward, from a second forward of its
   # trunk, so the two trunks' saved activations are never live together (memory of one trunk for one
   # more critic forward per micro-batch). Off: one joint backward.
@@ -37,38 +39,38 @@ class ValueConfig:
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
   loss: str = "grpo"               # a name in clawjax.rl.losses.LOSSES (register your own there)
-  lr: float = 1e-6                 # ClawGym part I
-  warmup_steps: int = 0            # linear warm-up from 0 to lr
+  lr: Positive[float] = 1e-6       # ClawGym part I
+  warmup_steps: NonNegative[int] = 0  # linear warm-up from 0 to lr
   optimizer: str = "adamw"         # "adamw" | "sgd"
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  weight_decay: float = 0.0
+  adam_b1: FractionBelow1 = 0.9
+  adam_b2: FractionBelow1 = 0.999
+  adam_eps: Positive[float] = 1e-8
+  weight_decay: NonNegative[float] = 0.0
   # Clip by global norm, the policy's and the critic's gradients each by its own norm; None = off.
-  grad_clip: float | None = 1.0
-  eps_low: float = 0.2             # ratio clip below: 1 - eps_low (ClawGym part I)
-  eps_high: float = 0.28           # ratio clip above: 1 + eps_high (ClawGym part I, "clip higher")
-  kl_coef: float = 0.0             # KL penalty to the frozen initial policy; 0 = no reference model
+  grad_clip: Positive[float] | None = 1.0
+  eps_low: FractionBelow1 = 0.2    # ratio clip below: 1 - eps_low (ClawGym part I)
+  eps_high: NonNegative[float] = 0.28  # ratio clip above: 1 + eps_high (ClawGym part I, "clip higher")
+  kl_coef: NonNegative[float] = 0.0  # KL penalty to the frozen initial policy; 0 = no reference model
   # The per-token KL estimate used as the penalty (clawjax.rl.losses.kl_penalty): "k3" (GRPO's; its
   # gradient is that of KL(pi_ref || pi_theta)) or "k2" (gradient of KL(pi_theta || pi_ref)).
   kl_estimator: str = "k3"
-  c_bar: float = 2.0               # TIS truncation: w_t = min(pi_old / pi_rollout, c_bar) (peer systems)
+  c_bar: Positive[float] = 2.0     # TIS truncation: w_t = min(pi_old / pi_rollout, c_bar) (peer systems)
   # |log pi_theta - log pi_old| is clamped here before exp in the clipped surrogate: with epochs or
   # minibatches > 1 the ratio can move far, and exp(89) overflows float32 to inf (NaN loss). A clamped
   # token gets no gradient through the ratio, as PPO's clip gives none past 1 +- eps.
-  max_log_ratio: float = 20.0
-  temperature: float = 1.0         # MUST equal the rollout sampling temperature: logp = log_softmax(z / T)
+  max_log_ratio: Positive[float] = 20.0
+  temperature: Positive[float] = 1.0  # MUST equal the rollout sampling temperature: logp = log_softmax(z / T)
   normalisation: str = "unique"    # "unique": a shared prefix token counts once; "paths": mean over paths
-  micro_batches: int = 1           # micro-batches per batch: rows split evenly, gradients accumulated
+  micro_batches: Count = 1         # micro-batches per batch: rows split evenly, gradients accumulated
   # Several optimizer updates per batch (PPO-style reuse), pi_old / V_old / pi_ref frozen before the
   # first: `epochs` passes over the batch, each of `minibatches` updates. A minibatch is 1/minibatches of
   # the batch's rows (each process's rows split evenly, in order), laid out as micro_batches / minibatches
   # micro-batches (so minibatches must divide micro_batches, which only sets memory: it never changes
   # which rows form a minibatch), normalised by its own weight sum. Whole rows: a tree is never split.
-  epochs: int = 1                  # 1 = a single pass (PPO paper, Schulman et al. 2017: 3 Atari, 10 MuJoCo)
-  minibatches: int = 1             # optimizer updates per epoch
+  epochs: Count = 1                # 1 = a single pass (PPO paper, Schulman et al. 2017: 3 Atari, 10 MuJoCo)
+  minibatches: Count = 1           # optimizer updates per epoch
   shuffle: bool = False            # per epoch, deal whole rows into minibatches by a random permutation
-  logits_chunk: int = 512          # loss tokens per vocab-projection chunk (memory: rows x chunk x vocab)
+  logits_chunk: Count = 512        # loss tokens per vocab-projection chunk (memory: rows x chunk x vocab)
   seed: int = 0                    # seeds the learner RNG carried in the train state and checkpoints
   # Rollout routing replay (clawjax.models.routing) for a MoE policy: "auto" replays the engine's logged
   # expert choices when the model is MoE and the step's calls carry routes; "rollout" always replays (a

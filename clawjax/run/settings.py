@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from clawjax import config as config_lib
 from clawjax.config import ConfigError
+from clawjax.models.config import PRESETS, ModelConfig, unknown_model
 from clawjax.serving.backends.base import backend_names
 
 
@@ -21,6 +23,20 @@ class ModelSettings:
   overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
   template: str | None = None         # tokenizer + chat template source ("qwen3", a dir); None: `init`
   template_family: str | None = None  # "qwen3" | "chatml"; None: guessed from the model
+
+  def __post_init__(self):
+    config_lib.check_keys(ModelConfig, list(self.overrides), "config.model.overrides")
+
+  def check_loadable(self) -> None:
+    """For a run that loads `init` (training, SFT, an embedded engine): a ConfigError unless it names a
+    preset or a Hugging Face directory, with the closest presets."""
+    if not self.init:
+      raise ConfigError("config.model.init: must be set (a preset or a model directory)")
+    problem = unknown_model(self.init)
+    if problem:
+      raise ConfigError(f"config.model.init: {problem}")
+    if self.random_init and self.init not in PRESETS:
+      raise ConfigError(f"config.model.random_init: needs a preset, not the directory {self.init!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,3 +62,10 @@ class EngineSettings:
       raise ConfigError(f"config.engine.backend: {self.backend!r} is not one of {backend_names()}")
     if self.workers and not self.url:
       raise ConfigError("config.engine.workers: needs engine.url, the router in front of them")
+    if self.backend == "embedded":
+      from clawjax.serving.backends import embedded  # pylint: disable=import-outside-toplevel  (the engine)
+      config_lib.check_keys(embedded.EngineConfig, list(self.options), "config.engine.options")
+      try:
+        embedded.engine_config(self.options)
+      except ValueError as e:
+        raise ConfigError(f"config.engine.options: {e}") from None

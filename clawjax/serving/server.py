@@ -34,13 +34,13 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from aiohttp import web
 
 from clawjax.auth import bearer_token, new_token
 from clawjax.calllog import CallRecord
-from clawjax.config import ConfigError
+from clawjax.config import ConfigError, Count, NonNegative, Positive, Range
 from clawjax.generation import Generation, SamplingParams
 from clawjax.serving import errors
 from clawjax.serving.anthropic_api import AnthropicDialect, parse_messages
@@ -74,43 +74,43 @@ class ShimConfig:
   log_dir: str
   model_name: str = "policy"  # Reported in responses and logged as CallRecord.model.
   host: str = "127.0.0.1"
-  port: int = 0  # 0: any free port.
-  max_new_tokens: int = 8192  # The paper's recipe; Claude Code asks for 32K-128K.
+  port: Annotated[int, Range(low=0, high=65535)] = 0  # 0: any free port.
+  max_new_tokens: Count = 8192  # The paper's recipe; Claude Code asks for 32K-128K.
   # Prompt + generation budget; longer prompts get "prompt is too long". An engine that tells a smaller
   # limit of its own (vLLM's --max-model-len, the embedded engine's max_seq_len) sets it instead. The
   # paper's 64K: Claude Code, told this window, compacts from the window less 33K tokens on (its output
   # and summary reserves), so at 32K it would compact after every tool call.
-  max_context: int = 65536
-  temperature: float = 1.0
-  top_p: float = 1.0
+  max_context: Count = 65536
+  temperature: NonNegative[float] = 1.0
+  top_p: Annotated[float, Range(low=0, high=1, open_low=True)] = 1.0
   top_k: int = -1
   # Largest request body, checked from Content-Length and then while reading, before any parsing or
   # tokenising (413). Claude Code sends ~75 KB; images can reach a few MB; the Messages API's own limit.
-  max_body_bytes: int = 32 * 1024 * 1024
+  max_body_bytes: Count = 32 * 1024 * 1024
   # A request's headers must arrive within this long of its connection opening (or of the previous
   # response on it), and then its body within this long (408); an idle keep-alive connection is closed
   # after it too (clients reconnect: Node's and Python's HTTP clients drop idle ones after ~5 s).
-  read_timeout_s: float = 30.0
+  read_timeout_s: Positive[float] = 30.0
   # Open connections from one client address; more are closed at once. Sandboxed harnesses reach the
   # shim through their relays from 127.0.0.1, so on one host this bounds all rollouts together: keep it
   # above rollouts in flight x connections per harness (a few). With workers > 1: per process (the
   # front's and each worker's own).
-  max_connections_per_client: int = 1024
-  max_json_depth: int = 128  # Nesting levels of a request body's JSON (400 past it); tool schemas use ~10.
+  max_connections_per_client: Count = 1024
+  max_json_depth: Count = 128  # Nesting levels of a request body's JSON (400 past it); tool schemas use ~10.
   # Free space the call log's filesystem must keep: below it, model calls and new rollouts are refused
   # with 503 (retryable) rather than accepted and not recorded. A call's record is ~2 KB (a rollout's
   # first, ~150 KB); 256 MiB holds a thousand rollouts' first calls.
-  min_free_log_bytes: int = 256 * 1024 * 1024
+  min_free_log_bytes: NonNegative[int] = 256 * 1024 * 1024
   # fsync each call record before its final response bytes (it is always written first). Off: a record
   # acknowledged just before a power loss can be lost (a shim crash loses nothing either way).
   fsync_call_log: bool = True
   # Streaming: headers and a keep-alive event after this long without a result, then one every this long.
-  keepalive_s: float = 5.0
-  finish_timeout_s: float = 30.0  # POST /rollouts/{id}/finish waits this long for calls in flight.
+  keepalive_s: Positive[float] = 5.0
+  finish_timeout_s: Positive[float] = 30.0  # POST /rollouts/{id}/finish waits this long for calls in flight.
   # Root for base_url when clients reach the server by another address. With workers > 1 it is the
   # front's, and a worker's base_url is its scheme and host with the worker's own port.
   public_url: str | None = None
-  log_threads: int = 32  # Threads appending + fsyncing call records (I/O-bound: one per busy rollout).
+  log_threads: Count = 32  # Threads appending + fsyncing call records (I/O-bound: one per busy rollout).
   # Stream text and thinking as the engine samples them (`Backend.generate_streaming`). Off: each turn
   # goes out whole once generated, after keep-alives. Harnesses act the same either way; off saves the
   # shim ~80 us of CPU per token (engine events to parse, client events to send), which is what
@@ -122,10 +122,10 @@ class ShimConfig:
   # the fewest live rollouts, its base_url that worker's own port (`clawjax.serving.front`). One event
   # loop runs out of CPU at ~100 concurrent rollouts (~5 ms of CPU per call); N of them share the calls,
   # given N free cores. Needs a backend other processes reach (sglang, vllm, scripted), not `embedded`.
-  workers: int = 1
+  workers: Count = 1
   # With workers > 1: how long a worker process may take to start (imports, tokenizer, backend) before
   # the shim gives up on it.
-  worker_start_timeout_s: float = 60.0
+  worker_start_timeout_s: Positive[float] = 60.0
 
   def __post_init__(self):
     if self.workers < 1:

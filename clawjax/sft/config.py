@@ -17,10 +17,10 @@ import dataclasses
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from clawjax import config as config_lib
-from clawjax.config import ConfigError
+from clawjax.config import ConfigError, Count, Fraction, FractionBelow1, NonNegative, Range
 from clawjax.distributed import DistributedConfig
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
@@ -63,7 +63,7 @@ class SFTRunConfig:
   # Held-out trajectories for the held-out loss; none given: `heldout_fraction` of `data`'s
   # conversations (a seeded choice), or no held-out loss when that is 0.
   heldout: DataConfig = DataConfig()
-  heldout_fraction: float = 0.0
+  heldout_fraction: FractionBelow1 = 0.0
   # RFT: a rollout of a `calls` source is trained when its status is ok and its reward >= min_score
   # (ClawGym's checkers score in [0, 1]; 1.0 keeps the fully solved rollouts).
   min_score: float = 1.0
@@ -76,20 +76,21 @@ class SFTRunConfig:
   # think block); None: the template's default, as for a request that does not say.
   enable_thinking: bool | None = None
   bad_lines: str = "stop"          # "stop" | "skip" (each skipped line is counted and logged)
-  max_len: int = 65536             # ClawGym; also the length of a packed row
+  max_len: Annotated[int, Range(low=8)] = 65536  # ClawGym; also the length of a packed row
   overlong: str = "cut"            # "cut" (at an assistant turn's end) | "drop"; counted either way
-  rows: int = 128                  # packed rows per update (ClawGym: 128 conversations an update)
+  rows: Count = 128                # packed rows per update (ClawGym: 128 conversations an update)
   # Length binning: conversations are dealt in a seeded order into pools of this many updates' worth of
   # tokens; each pool is packed largest first into rows (first-fit decreasing), and the rows shuffled.
-  pool_batches: int = 8
-  epochs: int = 3                  # ClawGym
-  steps: int = 0                   # stop after this many updates; 0 = all of `epochs`
-  warmup_ratio: float = 0.03       # linear warm-up over this fraction of the updates (OpenRLHF)
-  min_lr_ratio: float = 0.1        # cosine decay to this fraction of learner.lr (OpenRLHF); 1.0 = constant
-  eval_every: int = 0              # held-out loss every N updates (and always before the first and after
-                                   # the last); 0 = only then (ClawGym: eval_steps -1)
-  checkpoint_every: int = 80       # ClawGym (save_steps); the last update is always saved
-  keep_checkpoints: int = 3        # OpenRLHF's max_ckpt_num default (ClawGym keeps 10)
+  pool_batches: Count = 8
+  epochs: Count = 3                # ClawGym
+  steps: NonNegative[int] = 0      # stop after this many updates; 0 = all of `epochs`
+  warmup_ratio: FractionBelow1 = 0.03  # linear warm-up over this fraction of the updates (OpenRLHF)
+  min_lr_ratio: Fraction = 0.1     # cosine decay to this fraction of learner.lr (OpenRLHF); 1.0 = constant
+  # Held-out loss every N updates (and always before the first and after the last); 0 = only then
+  # (ClawGym: eval_steps -1).
+  eval_every: NonNegative[int] = 0
+  checkpoint_every: Count = 80     # ClawGym (save_steps); the last update is always saved
+  keep_checkpoints: Count = 3      # OpenRLHF's max_ckpt_num default (ClawGym keeps 10)
   export_dir: str | None = None    # the Hugging Face directory written at the end; None: WORKDIR/hf
   seed: int = 0                    # held-out choice, data order, learner RNG
   progress: bool = True            # tqdm bar over the updates
@@ -107,21 +108,9 @@ class SFTRunConfig:
     learner = self.learner
     checks = [
         ("data", self.data.paths(), "no source; set data.openai, data.anthropic or data.calls"),
-        ("heldout_fraction", 0.0 <= self.heldout_fraction < 1.0, "must be in [0, 1)"),
         ("min_score", math.isfinite(self.min_score), "must be a finite number"),
         ("bad_lines", self.bad_lines in BAD_LINES, f"{self.bad_lines!r} is not one of {BAD_LINES}"),
         ("overlong", self.overlong in OVERLONG, f"{self.overlong!r} is not one of {OVERLONG}"),
-        ("max_len", self.max_len >= 8, "must be >= 8"),
-        ("rows", self.rows >= 1, "must be >= 1"),
-        ("pool_batches", self.pool_batches >= 1, "must be >= 1"),
-        ("epochs", self.epochs >= 1, "must be >= 1"),
-        ("steps", self.steps >= 0, "must be >= 0"),
-        ("warmup_ratio", 0.0 <= self.warmup_ratio < 1.0, "must be in [0, 1)"),
-        ("min_lr_ratio", 0.0 <= self.min_lr_ratio <= 1.0, "must be in [0, 1]"),
-        ("eval_every", self.eval_every >= 0, "must be >= 0"),
-        ("checkpoint_every", self.checkpoint_every >= 1, "must be >= 1"),
-        ("keep_checkpoints", self.keep_checkpoints >= 1, "must be >= 1"),
-        ("model.init", self.model.init, "must be set (a preset or a model directory)"),
         ("learner.loss", learner.loss == "sft", f"{learner.loss!r}: the SFT stage trains the 'sft' loss"),
         ("learner.kl_coef", learner.kl_coef == 0.0, "must be 0 (no reference model in SFT)"),
         ("learner.value.kind", learner.value.kind == "none", "must be 'none' (no critic in SFT)"),
@@ -135,6 +124,7 @@ class SFTRunConfig:
     for field, ok, message in checks:
       if not ok:
         raise ConfigError(f"config.{field}: {message}")
+    self.model.check_loadable()
     for section in ("data", "heldout"):
       for fmt, path in getattr(self, section).paths():
         if not pathlib.Path(path).exists():

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from clawjax.config import Count, Fraction, NonNegative, Positive
 from clawjax.tasks.jsonscan import last_json_object
 from clawjax.tasks.records import Rubric, Task
 from clawjax.tasks.workspace import diff_workspace
@@ -33,15 +34,15 @@ class JudgeConfig:
   url: str  # OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 (POST {url}/chat/completions)
   model: str
   api_key: str = ""
-  retries: int = 2  # further attempts after an unparsable answer or an HTTP failure
-  timeout_s: float = 300.0  # per request
-  temperature: float = 0.0  # the paper does not publish judge sampling settings
-  max_tokens: int = 4096
-  code_weight: float = 0.7  # final = code_weight * code + rubric_weight * rubric (paper: 0.7 / 0.3)
-  rubric_weight: float = 0.3
-  max_file_chars: int = 20_000  # per file shown to the judge; longer files are truncated, with a note
+  retries: NonNegative[int] = 2  # further attempts after an unparsable answer or an HTTP failure
+  timeout_s: Positive[float] = 300.0  # per request
+  temperature: NonNegative[float] = 0.0  # the paper does not publish judge sampling settings
+  max_tokens: Count = 4096
+  code_weight: Fraction = 0.7  # final = code_weight * code + rubric_weight * rubric (paper: 0.7 / 0.3)
+  rubric_weight: Fraction = 0.3
+  max_file_chars: Count = 20_000  # per file shown to the judge; longer files are truncated, with a note
   include_transcript: bool = False
-  max_transcript_chars: int = 40_000
+  max_transcript_chars: Count = 40_000
 
 
 @dataclasses.dataclass

@@ -45,6 +45,7 @@ import tempfile
 import time
 from typing import Any
 
+from clawjax.config import NonNegative, Positive
 from clawjax.tasks.judge import JudgeConfig, judge_workspace
 from clawjax.tasks.jsonscan import last_json_object
 from clawjax.tasks.records import REWARD_DIR, Task, TaskFile
@@ -55,13 +56,13 @@ _GRADE_RUNNER = pathlib.Path(__file__).with_name("grade_runner.py")
 
 @dataclasses.dataclass(frozen=True)
 class ScoringConfig:
-  timeout_s: float = 120.0  # wall-clock limit of one checker run (not published; generous default)
+  timeout_s: Positive[float] = 120.0  # wall-clock limit of one checker run (not published; generous default)
   strict: bool = False  # zero metrics about files that do not exist (see module docstring)
   isolate_network: bool = True  # run checkers under `unshare -n` when the machine allows it
   python: str = sys.executable  # interpreter for grade() checkers
   # reward.sh prints only the average; to report the checker's dict too, run reward/check.py once more.
   metrics_from_check_py: bool = True
-  tail_chars: int = 2000  # how much of the checker's stdout/stderr to keep in `details`
+  tail_chars: NonNegative[int] = 2000  # how much of the checker's stdout/stderr to keep in `details`
   # Put first on the checker's PATH, so its `python3` is this interpreter (and its packages) rather
   # than whatever (e.g. a slow pyenv shim) comes first; () keeps the caller's PATH as is.
   path_prepend: tuple[str, ...] = (os.path.dirname(sys.executable),)

@@ -24,7 +24,7 @@ from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.calllog import CallLogWriter, load
-from clawjax.config import ConfigError
+from clawjax.config import ConfigError, Count, NonNegative, Positive
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.learner import Learner
 from clawjax.run.session import PolicySession, RolloutJob, chat_template
@@ -41,15 +41,15 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-  steps: int = 0                   # SFT updates; 0 = no SFT stage
-  lr: float = 3e-3                 # a small model from scratch needs a large step (quickstart value)
-  demos_per_task: int = 8          # demonstrations recorded per task
-  rows: int = 8                    # packed rows per SFT update
-  row_len: int = 1024              # tokens a row; a longer demonstration tree is left out (counted)
+  steps: NonNegative[int] = 0      # SFT updates; 0 = no SFT stage
+  lr: Positive[float] = 3e-3       # a small model from scratch needs a large step (quickstart value)
+  demos_per_task: Count = 8        # demonstrations recorded per task
+  rows: Count = 8                  # packed rows per SFT update
+  row_len: Count = 1024            # tokens a row; a longer demonstration tree is left out (counted)
   # Length binning (clawjax.sft.packing): demonstrations are dealt into pools of this many updates'
   # worth of tokens, each packed largest first.
-  pool_batches: int = 8
-  concurrency: int = 8             # demonstration rollouts in flight
+  pool_batches: Count = 8
+  concurrency: Count = 8           # demonstration rollouts in flight
   # "MODULE:NAME" of the demonstrator factory (module docstring); required when steps > 0.
   demonstrator: str = ""
   demonstrator_args: dict[str, Any] = dataclasses.field(default_factory=dict)

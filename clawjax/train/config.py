@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from clawjax import config as config_lib
-from clawjax.config import ConfigError
+from clawjax.config import ConfigError, Count, NonNegative
 from clawjax.distributed import DistributedConfig
 from clawjax.harness.adapters import ADAPTERS
 from clawjax.harness.rollout import RolloutConfig
@@ -34,11 +34,13 @@ from clawjax.tree.filters import FilterConfig
 # (vLLM's server has no weight update in its public API: it serves evaluation.)
 TRAINABLE_BACKENDS = ("embedded", "sglang")
 # Fields a resumed run may change without --config.allow_config_change: they decide how long the run
-# goes, how it reports and where its services are (a restarted cluster), not what it trains on.
+# goes, how it reports, where its services are (a restarted cluster) and how its rollouts are isolated
+# and kept on this host, not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
                      "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root", "distributed", "compile")
+                     "rollout.work_root", "rollout.sandbox", "rollout.keep_dirs", "rollout.cores",
+                     "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
@@ -51,17 +53,17 @@ class TrainConfig:
   tasks: str                                # task dir / directory of tasks / JSONL (clawjax.tasks)
   harnesses: tuple[str, ...] = ("openclaw",)  # several = mix-harness: one GRPO group per (task, harness)
   task_ids: tuple[str, ...] = ()            # train only on these; () = all
-  tasks_per_step: int = 32                  # paper: 32 (GRPO), 256 (PPO)
-  rollouts_per_task: int = 8                # paper: 8 (GRPO), 1 (PPO)
-  steps: int = 200                          # RL steps (paper: stable over 200-400)
+  tasks_per_step: Count = 32                # paper: 32 (GRPO), 256 (PPO)
+  rollouts_per_task: Count = 8              # paper: 8 (GRPO), 1 (PPO)
+  steps: Count = 200                        # RL steps (paper: stable over 200-400)
   seed: int = 0                             # model init, task order, SFT draws
-  concurrency: int = 64                     # rollouts in flight
-  value_pretrain_steps: int = 0             # critic-only updates before the first policy update (PPO)
-  checkpoint_every: int = 1                 # RL steps between Orbax checkpoints (the last is always saved)
-  keep_checkpoints: int = 3
+  concurrency: Count = 64                   # rollouts in flight
+  value_pretrain_steps: NonNegative[int] = 0  # critic-only updates before the first policy update (PPO)
+  checkpoint_every: Count = 1               # RL steps between Orbax checkpoints (the last is always saved)
+  keep_checkpoints: Count = 3
   eval_tasks: str | None = None             # held-out tasks; None = no periodic evaluation
-  eval_every: int = 0                       # RL steps between evaluations (0 = off)
-  eval_samples: int = 1                     # rollouts per held-out task and harness
+  eval_every: NonNegative[int] = 0          # RL steps between evaluations (0 = off)
+  eval_samples: Count = 1                   # rollouts per held-out task and harness
   progress: bool = True                     # tqdm bar over each step's rollouts
   tensorboard: bool = True                  # mirror metrics.jsonl to WORKDIR/tb (needs clawjax[tensorboard])
   plot: bool = True                         # write WORKDIR/*.png curves at the end
@@ -78,10 +80,10 @@ class TrainConfig:
   async_rl: bool = False
   # A step whose rollouts give nothing to train (every rollout failed, timed out or was excluded) is run
   # again this many times, then the run stops with the failures' reasons.
-  empty_step_retries: int = 2
+  empty_step_retries: NonNegative[int] = 2
   # The run stops after this many consecutive steps with an update skipped for a non-finite loss or
   # gradient (the parameters were kept; the message names the step data to inspect).
-  max_skipped_steps: int = 3
+  max_skipped_steps: Count = 3
   model: ModelSettings = ModelSettings()
   engine: EngineSettings = EngineSettings()
   # The learner's mesh: every device of every process by default (data parallel); without a -1 axis,
@@ -106,12 +108,6 @@ class TrainConfig:
         ("rollout.harness.codex_compact_reserve", "codex" not in self.harnesses
          or 0 <= self.rollout.harness.codex_compact_reserve < self.shim.max_context,
          f"{self.rollout.harness.codex_compact_reserve} must be at least 0 and below shim.max_context"),
-        ("tasks_per_step", self.tasks_per_step >= 1, "must be >= 1"),
-        ("rollouts_per_task", self.rollouts_per_task >= 1, "must be >= 1"),
-        ("steps", self.steps >= 1, "must be >= 1"),
-        ("concurrency", self.concurrency >= 1, "must be >= 1"),
-        ("checkpoint_every", self.checkpoint_every >= 1, "must be >= 1"),
-        ("model.init", self.model.init, "must be set (a preset or a model directory)"),
         ("engine.backend", self.engine.backend in TRAINABLE_BACKENDS,
          f"{self.engine.backend!r}: training updates the engine's weights, so one of {TRAINABLE_BACKENDS}"),
         ("shim.log_dir", not self.shim.log_dir, "is set by the run (WORKDIR/calls); leave it out"),
@@ -124,11 +120,9 @@ class TrainConfig:
          "distribution (the logged log-probs are taken before truncation); use 1.0"),
         ("shim.top_k", self.shim.top_k <= 0, f"{self.shim.top_k}: training samples from the full "
          "distribution (the logged log-probs are taken before truncation); use -1"),
-        ("empty_step_retries", self.empty_step_retries >= 0, "must be >= 0"),
         ("shim.workers", self.shim.workers == 1 or self.engine.backend != "embedded",
          f"{self.shim.workers} shim processes cannot share the embedded engine: serve the model with "
          "`python -m clawjax.engine` and use engine.backend=sglang, or one shim process"),
-        ("max_skipped_steps", self.max_skipped_steps >= 1, "must be >= 1"),
         ("value_pretrain_steps", self.value_pretrain_steps == 0 or self.learner.value.kind != "none",
          "needs learner.value.kind 'shared' or 'separate'"),
         ("eval_tasks", not self.eval_every or self.eval_tasks, "required when eval_every > 0"),
@@ -144,6 +138,7 @@ class TrainConfig:
     for field, ok, message in checks:
       if not ok:
         raise ConfigError(f"config.{field}: {message}")
+    self.model.check_loadable()
     check_loss(self.learner)
     if self.sft.steps:
       check_demonstrator(self.sft)

@@ -43,6 +43,7 @@ import numpy as np
 
 from clawjax import distributed
 from clawjax.calllog import CallRecord, LoadedLog, RolloutRecord
+from clawjax.config import Count, NonNegative
 from clawjax.rl.advantages import group_key, grpo_advantages
 from clawjax.rl.device_batch import process_share
 from clawjax.tree.batch import GroupKey, PackedBatch, RolloutScores
@@ -55,10 +56,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class BatchConfig:
-  row_len: int = 65_536      # tokens per packed row: the longest rollout tree that can be trained
+  row_len: Count = 65_536    # tokens per packed row: the longest rollout tree that can be trained
   # Rows per update, over all processes (static shape: one compile); more trees -> more updates.
-  rows: int = 8
-  max_staleness: int = 1     # drop rollouts with calls sampled more than this many versions back
+  rows: Count = 8
+  max_staleness: NonNegative[int] = 1  # drop rollouts with calls sampled more than this many versions back
   # Store a GRPO group's common task prompt once per packed segment instead of once per rollout
   # (clawjax.tree.pack, `share_prompts`): the same loss and gradients from fewer tokens. Default on;
   # False packs each rollout's tree as its own segment.

@@ -100,7 +100,7 @@ class Trainer:
     self.cfg, self.workdir = cfg, pathlib.Path(workdir)
     self.layout = RunLayout(self.workdir, distributed.process_index(), distributed.process_count())
     self.workdir.mkdir(parents=True, exist_ok=True)
-    self._pin_config()
+    self._check_config()
     self.isolation = start_run(cfg.rollout, self.workdir, cfg.harnesses, record_environment=self.layout.primary)
     self.tasks = select_tasks(cfg.tasks, cfg.task_ids)
     self.eval_tasks = select_tasks(cfg.eval_tasks) if cfg.eval_tasks else []
@@ -118,14 +118,18 @@ class Trainer:
     cfg = self.cfg.engine
     return engine_config(cfg.options).devices if cfg.backend == "embedded" else 0
 
-  def _pin_config(self) -> None:
-    """Writes config.json; a resume (a checkpoint exists) must match the config it started with."""
+  def _check_config(self) -> None:
+    """A resume (a checkpoint exists) must match the config it started with (config.json)."""
     path = self.workdir / CONFIG_FILE
     if path.exists() and (self.workdir / "checkpoints").exists():
       check_resume(json.loads(path.read_text()), self.cfg)
     distributed.sync("config checked")  # before process 0 rewrites it
+
+  def _pin_config(self) -> None:
+    """Writes config.json once the run has started (model loaded, engine and shim up): a start that fails
+    leaves no config.json behind to refuse the corrected command."""
     if self.layout.primary:
-      path.write_text(json.dumps(config_lib.to_json(self.cfg), indent=2) + "\n")
+      (self.workdir / CONFIG_FILE).write_text(json.dumps(config_lib.to_json(self.cfg), indent=2) + "\n")
 
   # ---- data order and ownership ------------------------------------------------------------------
 
@@ -257,6 +261,7 @@ class Trainer:
         # the learner's weights as version `start`, so that the first step samples pi_old and every
         # call carries a version that batch.max_staleness can bound.
         session.push(self.engine_policy(learner), start)
+      self._pin_config()
       steps = StepTrainer(self, session, learner, cursor)
       if cfg.async_rl:
         run_async(self, steps, start)

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from clawjax.calllog import ROLES, CallRecord
+from clawjax.config import Count, Fraction
 from clawjax.tree.build import ROOT, CallArrays, CallTree, Trie, build_tree, call_arrays
 
 DROP_REASONS = ("retry", "compaction", "subagent", "auxiliary", "error")
@@ -49,20 +50,20 @@ class FilterConfig:
   # with earlier main-line history is below this fraction of the first main call's input. That input
   # is dominated by the system prompt, tools and task, which every later main call repeats (even after
   # compaction); a subagent or auxiliary call under its own system prompt shares at most a chat header.
-  side_branch_shared_frac: float = 0.5
+  side_branch_shared_frac: Fraction = 0.5
   # A later main-line call that leaves e's input early (so it neither extends nor merely re-sends it)
   # still continues e when its input repeats this many consecutive tokens of e's output: the harness
   # moved or re-serialised the echoed turn (OpenClaw moves its internal-context message to the end
   # of every request and re-serialises tool-call arguments). 8 tokens: a chance repeat of 8 tokens
   # is negligible, and re-serialisation leaves runs of the turn's text that long intact.
-  echo_run: int = 8
+  echo_run: Count = 8
   # Over-branching: a rollout whose kept tree has more leaves is dropped whole (the paper's threshold
   # is unpublished). A linear harness has one leaf per compaction segment, but some branch at every
   # call: a template that strips thinking from history, OpenClaw moving its internal-context message
   # (one leaf per call). 64 is twice the ~30 calls of a typical 64K-context rollout, so those pass,
   # while a rollout branching far beyond that (runaway retries, a history rewritten at every turn)
   # is dropped: one reward spread over that many branches says little about any of them.
-  max_leaves: int = 64
+  max_leaves: Count = 64
 
   def __post_init__(self):
     bad = set(self.excluded_roles) - set(ROLES) | ({"main"} & set(self.excluded_roles))

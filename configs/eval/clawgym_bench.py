@@ -27,7 +27,7 @@ _BENCHMARKS = {"clawgym_bench": "ClawGym-Bench", "pinchbench": "PinchBench"}
 
 def get_config(benchmark: str = "clawgym_bench") -> config_dict.ConfigDict:
   if benchmark not in _BENCHMARKS:
-    raise ValueError(f"configs/eval/clawgym_bench.py:{benchmark}: expected one of {sorted(_BENCHMARKS)}")
+    raise ValueError(f"the benchmark {benchmark!r} (after the colon): expected one of {sorted(_BENCHMARKS)}")
   c = config_dict.ConfigDict()
   c.tasks = config_dict.placeholder(str)  # ClawGym-Bench: 200 tasks, directory layout
   c.benchmark = _BENCHMARKS[benchmark]

@@ -44,7 +44,7 @@ def test_paper_config_needs_tasks_and_model_then_builds():
 
 def test_paper_config_for_pinchbench():
   c = _load("clawgym_bench", "pinchbench")
-  c.tasks, c.model.init = TASKS, "m"
+  c.tasks, c.model.init = TASKS, "test-tiny"
   cfg = eval_config(c)
   assert (cfg.benchmark, cfg.task_timeouts) == ("PinchBench", True)
   with pytest.raises(ValueError, match="expected one of"):
@@ -55,8 +55,8 @@ def test_toy_config_builds():
   cfg = eval_config(_load("toy_cpu"))
   assert (cfg.harness, cfg.engine.backend, cfg.model.init) == ("mini", "embedded", "smollm2-135m")
   assert cfg.engine.options == {"max_slots": 2, "max_seq_len": 4096}
-  assert eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["task_ids=a, b,c"]).task_ids == ("a", "b", "c")
-  mixed = eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["trained_in=mini+openclaw", "seed=2"])
+  assert eval_config({"tasks": TASKS, "model": {"init": "test-tiny"}}, ["task_ids=a, b,c"]).task_ids == ("a", "b", "c")
+  mixed = eval_config({"tasks": TASKS, "model": {"init": "test-tiny"}}, ["trained_in=mini+openclaw", "seed=2"])
   assert (mixed.trained_in, mixed.seed) == ("mini+openclaw", 2)
 
 
@@ -92,13 +92,13 @@ def test_transfer_config_builds_both_rows():
 ])
 def test_bad_fields_name_their_path(section, message):
   with pytest.raises(ConfigError, match=message):
-    eval_config({"tasks": TASKS, "model": {"init": "m"}, **section})
+    eval_config({"tasks": TASKS, "model": {"init": "test-tiny"}, **section})
 
 
 def test_task_timeouts_use_the_tasks_own_wall_clock():
   [task] = load_tasks(FIXTURES / "pinchbench" / "tasks")
   assert task.timeout_s == 120  # the fixture's timeout_seconds
-  base = {"tasks": TASKS, "model": {"init": "m"}, "rollout": {"timeout_s": 900.0}}
+  base = {"tasks": TASKS, "model": {"init": "test-tiny"}, "rollout": {"timeout_s": 900.0}}
   off = rollout_config(eval_config(base), task)
   on = rollout_config(eval_config({**base, "task_timeouts": True}), task)
   assert off is None and (on.timeout_s, on.harness.timeout_s) == (120.0, 120.0)

@@ -142,3 +142,13 @@ def test_a_workdir_holds_one_run(tmp_path):
   run_eval(_config(tmp_path, task_ids=["toy_sum_numbers"]), workdir, backend=backend)
   with pytest.raises(EvalError, match=r"run.json: this directory holds another run \(harness"):
     run_eval(_config(tmp_path, harness="openclaw"), workdir, backend=backend)
+
+
+def test_a_start_that_failed_leaves_the_workdir_to_the_corrected_command(tmp_path):
+  template = load_template("qwen3")
+  workdir = tmp_path / "run"
+  backend = ScriptedBackend(template, _solver(template))
+  with pytest.raises(EvalError, match="toy_sum_numbrs"):  # a mistyped task id: refused before any rollout
+    run_eval(_config(tmp_path, task_ids=["toy_sum_numbrs"], model_label="policy-a"), workdir, backend=backend)
+  run = run_eval(_config(tmp_path, task_ids=["toy_sum_numbers"], model_label="policy-b"), workdir, backend=backend)
+  assert run.info.model_label == "policy-b" and [r.task_id for r in run.results] == ["toy_sum_numbers"]

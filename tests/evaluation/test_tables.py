@@ -66,6 +66,17 @@ def test_cli_writes_markdown_and_csv(runs, tmp_path, capsys):
   assert rows[1][3] == "55.60" and rows[1][8] == ""  # a paper cell; an empty cell
 
 
+def test_a_baseline_no_run_has_is_an_error_naming_the_labels_there(runs, tmp_path):
+  with pytest.raises(SystemExit) as exit_:
+    tables.main(["--runs", *map(str, runs), "--baseline", "Qwen3-30A3b"])
+  assert exit_.value.code == ("error: baseline 'Qwen3-30A3b' is the model label of no run given; theirs: "
+                              "Qwen3-30A3B, SmolLM2-135M; did you mean Qwen3-30A3B?")
+  trained = [write_run(tmp_path / "t", [result_line("b1", "coding", final=1.0)], trained_in="openclaw")]
+  with pytest.raises(SystemExit) as exit_:
+    tables.main(["--transfer", "--runs", *map(str, trained), "--transfer-baseline", "bse"])
+  assert exit_.value.code == "error: baseline 'bse' is the trained_in of no run given; theirs: openclaw"
+
+
 def test_same_task_in_two_merged_runs_is_an_error(tmp_path):
   a = write_run(tmp_path / "a", [result_line("t", "c", final=1.0)])
   b = write_run(tmp_path / "b", [result_line("t", "c", final=0.0)])

@@ -30,7 +30,7 @@ def _read(path, fmt="openai", bad_lines="stop"):
 
 def _config(tmp_path, **fields):
   return sft_config({"data": {"openai": [str(write_jsonl(tmp_path / "ok.jsonl", [GOOD]))]},
-                     "model": {"init": "qwen3"}, "tensorboard": False, **fields})
+                     "model": {"init": "test-tiny"}, "tensorboard": False, **fields})
 
 
 @pytest.mark.parametrize("line, where", [
@@ -127,7 +127,7 @@ def test_overlong_conversations_are_cut_or_dropped_and_counted(tmp_path):
 
 def test_config_errors_name_the_field(tmp_path):
   with pytest.raises(ConfigError, match="config.data: no source"):
-    sft_config({"model": {"init": "qwen3"}, "tensorboard": False})
+    sft_config({"model": {"init": "test-tiny"}, "tensorboard": False})
   with pytest.raises(ConfigError, match="config.data.openai: '/nope.jsonl' does not exist"):
     _config(tmp_path, data={"openai": ["/nope.jsonl"]})
   with pytest.raises(ConfigError, match="config.bad_lines: 'ignore' is not one of"):

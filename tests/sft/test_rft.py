@@ -63,7 +63,7 @@ def eval_run(tmp_path_factory):
 @pytest.mark.parametrize("min_score", [1.0, 0.5])
 def test_only_rollouts_scored_at_least_min_score_are_trained(eval_run, min_score):
   run, results, template = eval_run
-  cfg = sft_config({"data": {"calls": [str(run)]}, "min_score": min_score, "model": {"init": "qwen3"},
+  cfg = sft_config({"data": {"calls": [str(run)]}, "min_score": min_score, "model": {"init": "test-tiny"},
                     "tensorboard": False})
   counts = collections.Counter()
   trees = load_trees(cfg.data, template, cfg, counts)
@@ -86,6 +86,6 @@ def test_only_rollouts_scored_at_least_min_score_are_trained(eval_run, min_score
 @pytest.mark.slow
 def test_a_run_directory_without_records_is_an_error(eval_run, tmp_path):
   run, _, template = eval_run
-  cfg = sft_config({"data": {"calls": [str(run / "calls")]}, "model": {"init": "qwen3"}, "tensorboard": False})
+  cfg = sft_config({"data": {"calls": [str(run / "calls")]}, "model": {"init": "test-tiny"}, "tensorboard": False})
   with pytest.raises(DataError, match="not a train or eval run directory"):
     load_trees(cfg.data, template, cfg, collections.Counter())

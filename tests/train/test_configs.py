@@ -45,7 +45,7 @@ def _filled(path: pathlib.Path):
   if c.tasks is None:
     c.tasks = TASKS
   if c.model.get("init") is None:
-    c.model.init = "MODEL_DIR"
+    c.model.init = "qwen3-30b-a3b"
   return c
 
 
@@ -123,6 +123,11 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
     (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),
+    (["model.init=smollm2-13m"], r"^config\.model\.init: 'smollm2-13m' is neither a preset nor a directory with "
+                                 r"config\.json; did you mean smollm2-135m\?$"),
+    (["model.overrides.d_modle=32"], r"^config\.model\.overrides\.d_modle: not a field of ModelConfig; did you mean "
+                                     r"d_model\?$"),
+    (["learner.lr=-1"], r"^config\.learner\.lr: must be > 0, got -1\.0$"),
 ])
 def test_bad_keys_types_and_names_are_one_line_errors(overrides, message):
   with pytest.raises(ConfigError, match=message) as err:
@@ -193,9 +198,30 @@ def test_resume_checks_the_config_against_config_json(tmp_path):
 def test_a_rerun_with_another_config_is_refused_before_it_starts(tmp_path):
   cfg = train_config(_load(QUICKSTART).get_config())
   Trainer(cfg, tmp_path)
+  (tmp_path / "config.json").write_text(json.dumps(to_json(cfg)))  # the run started (and checkpointed)
   (tmp_path / "checkpoints").mkdir(exist_ok=True)
   with pytest.raises(ConfigError, match=r"learner\.lr"):
     Trainer(train_config(_load(QUICKSTART).get_config(), ["learner.lr=0.5"]), tmp_path)
+
+
+def test_a_start_that_fails_leaves_the_workdir_to_the_corrected_command(tmp_path):
+  broken = tmp_path / "broken_model"  # passes the config's check (it has a config.json), fails to load
+  broken.mkdir()
+  (broken / "config.json").write_text("{}")
+  workdir = tmp_path / "run"
+  cfg = train_config(_load(QUICKSTART).get_config(), [f"model.init={broken}", "model.random_init=false"])
+  with pytest.raises(ValueError, match=r"config\.json: model_type=None is not supported"):
+    Trainer(cfg, workdir).run()
+  assert not (workdir / "config.json").exists()
+  Trainer(train_config(_load(QUICKSTART).get_config(), ["sft.steps=0"]), workdir)  # not refused
+
+
+def test_a_resume_may_change_how_rollouts_are_isolated_and_shown(tmp_path):
+  saved = json.loads(json.dumps(to_json(train_config(_load(QUICKSTART).get_config()))))
+  check_resume(saved, train_config(_load(QUICKSTART).get_config(),
+                                   ["rollout.sandbox.mode=none", "rollout.keep_dirs=true", "progress=false"]))
+  with pytest.raises(ConfigError, match=r"rollout\.timeout_s: 120\.0 -> 60\.0"):
+    check_resume(saved, train_config(_load(QUICKSTART).get_config(), ["rollout.timeout_s=60"]))
 
 
 def _train_py(*args: str) -> subprocess.CompletedProcess:
