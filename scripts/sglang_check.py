@@ -1,6 +1,12 @@
 """Real SGLang (its CUDA build) against clawjax's client side: served log-probs of a sampled continuation
 against the model's own, then one `/update_weights_from_disk` push of moved weights, exported as the trainer
-exports them: its seconds, the weight_version read back, and the log-probs again under the new weights.
+exports them: its seconds, the weight_version read back, and the log-probs again under the new weights;
+then a push while a long call is in flight (SGLang holds new calls and drains it) and one that aborts it
+(`abort_all_requests`: the client must take the abort for a retryable error).
+
+SGLang honours a request's `sampling_seed` only when started with `--enable-deterministic-inference`
+(otherwise it ignores it, silently): the check starts it so, and records whether one seed sampled the
+same tokens twice. A run that wants reproducible sampling needs the flag on its servers too.
 
   python scripts/sglang_check.py --sglang-python VENV/bin/python --workdir DIR [--budget-s 300]
   python scripts/sglang_check.py --relock-sglang    # rewrite third_party/sglang-cuda/requirements.txt
@@ -52,10 +58,32 @@ def _logprob_diff(model, prompt: list[int], generation) -> dict[str, float]:
   return {"tokens": len(generation.output_ids), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean())}
 
 
+async def _push_under_load(backend, path: str, version: int, abort: bool, out: dict[str, Any]) -> None:
+  """A push while a long call is in flight: whether the call still ran when the push went out, the push's
+  seconds, the version read back, and how the call ended (finished on `version - 1`, or aborted: then
+  the client's error must be retryable)."""
+  import asyncio  # pylint: disable=import-outside-toplevel
+  from clawjax.generation import SamplingParams  # pylint: disable=import-outside-toplevel
+  from clawjax.serving.backends.base import BackendError, PromptIds  # pylint: disable=import-outside-toplevel
+  long = asyncio.create_task(backend.generate(PromptIds(list(range(2000, 2064))),
+                                              SamplingParams(max_new_tokens=512, temperature=1.0, seed=1)))
+  await asyncio.sleep(0.5)
+  record: dict[str, Any] = {"call_in_flight": not long.done()}
+  start = time.monotonic()
+  record["version_read_back"] = await backend.update_weights_from_disk(path, version, abort=abort)
+  record["push_s"] = time.monotonic() - start
+  try:
+    record["call_version"] = (await long).policy_version
+  except BackendError as e:
+    record["call_error"] = {"retryable": e.overloaded, "message": str(e)[:200]}
+  out["push_aborting" if abort else "push_draining"] = record
+
+
 async def _exchange(backend, model, workdir: pathlib.Path, out: dict[str, Any]) -> None:
-  """Against the served weights: our backend's log-probs, one push of moved weights (exported as the
-  trainer's push exports them), its weight_version read back, the log-probs again. One event loop for
-  all of it: the backend's HTTP session belongs to the loop that made it."""
+  """Against the served weights: our backend's log-probs (and one seed's tokens twice), one push of
+  moved weights (exported as the trainer's push exports them), its weight_version read back, the
+  log-probs again; then the pushes under load. One event loop for all of it: the backend's HTTP session
+  belongs to the loop that made it."""
   import jax  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from clawjax.generation import SamplingParams  # pylint: disable=import-outside-toplevel
@@ -64,7 +92,9 @@ async def _exchange(backend, model, workdir: pathlib.Path, out: dict[str, Any]) 
   prompt = list(range(1000, 1064))
   params = SamplingParams(max_new_tokens=32, temperature=1.0, seed=0)
   try:
-    out["logprobs_v0"] = _logprob_diff(model, prompt, await backend.generate(PromptIds(prompt), params))
+    first = await backend.generate(PromptIds(prompt), params)
+    out["logprobs_v0"] = _logprob_diff(model, prompt, first)
+    out["same_seed_same_tokens"] = (await backend.generate(PromptIds(prompt), params)).output_ids == first.output_ids
     keys = iter(jax.random.split(jax.random.key(1), 10_000))
     nnx.update(model, jax.tree.map(lambda x: x + 0.01 * jax.random.normal(next(keys), x.shape, x.dtype),
                                    nnx.state(model, nnx.Param)))
@@ -74,12 +104,17 @@ async def _exchange(backend, model, workdir: pathlib.Path, out: dict[str, Any]) 
     out["push_bytes"] = sum(p.stat().st_size for p in second.glob("*.safetensors"))
     start = time.monotonic()
     out["weight_version_read_back"] = await backend.update_weights_from_disk(str(second), 1)
-    await backend.flush_cache()
     out["update_weights_from_disk_s"] = time.monotonic() - start
     after = await backend.generate(PromptIds(prompt), params)
     out["generation_policy_version"] = after.policy_version
     out["logprobs_v1"] = _logprob_diff(model, prompt, after)
-    out["status"] = "ok" if out["weight_version_read_back"] == 1 == after.policy_version else "failed"
+    await _push_under_load(backend, str(second), 2, False, out)
+    await _push_under_load(backend, str(second), 3, True, out)
+    aborted = out["push_aborting"].get("call_error", {"retryable": True})
+    ok = (out["weight_version_read_back"] == 1 == after.policy_version and out["same_seed_same_tokens"]
+          and out["push_draining"]["version_read_back"] == 2 and out["push_aborting"]["version_read_back"] == 3
+          and out["push_draining"].get("call_version") == 1 and aborted["retryable"])
+    out["status"] = "ok" if ok else "failed"
   finally:
     await backend.close()
 
@@ -108,6 +143,8 @@ def check_sglang(sglang_python: str, workdir: pathlib.Path, budget_s: float) -> 
                              # Triton attention and torch sampling: FlashInfer may fetch kernels from
                              # outside, and only the package registries are reachable.
                              "--attention-backend", "triton", "--sampling-backend", "pytorch",
+                             # A request's sampling_seed is ignored without it.
+                             "--enable-deterministic-inference",
                              "--random-seed", "0"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
   try:
     start = time.monotonic()

@@ -178,6 +178,7 @@ class Engine:
     self._queue: deque[_Request] = deque()
     self._updates: deque[_Update] = deque()
     self._flush_requested = False
+    self._abort_requested = False
     self._cv = threading.Condition()
     self._closed = False
     self._rng = np.random.default_rng(config.seed)
@@ -243,6 +244,13 @@ class Engine:
       self._flush_requested = True
       self._cv.notify()
 
+  def abort_all(self) -> None:
+    """Ends every request queued or running when the engine next steps, with finish_reason "abort" and
+    the tokens sampled so far (SGLang's abort_all)."""
+    with self._cv:
+      self._abort_requested = True
+      self._cv.notify()
+
   @property
   def alive(self) -> bool:
     return self._thread.is_alive() and not self._closed
@@ -282,7 +290,7 @@ class Engine:
       while True:
         with self._cv:
           while not (self._closed or self._queue or self._updates or self._flush_requested
-                     or any(self._slots)):
+                     or self._abort_requested or any(self._slots)):
             self._cv.wait()
           if self._closed:
             break
@@ -311,23 +319,34 @@ class Engine:
   def _apply_control(self) -> None:
     with self._cv:
       flush, self._flush_requested = self._flush_requested, False
+      abort, self._abort_requested = self._abort_requested, False
+      queued = [self._queue.popleft() for _ in range(len(self._queue))] if abort else []
       update = self._updates[0] if self._updates else None
     if flush:
       self._prefix.flush()
+    if abort:
+      self._abort(queued)
     if update is None:
       return
     if any(self._slots):
       if self.config.update_mode == "drain":
         return
-      for slot, req in enumerate(self._slots):
-        if req is not None:
-          self._finish(slot, "abort")
+      self._abort([])
     with self._cv:
       self._updates.popleft()
       self._weights = update.weights
       self.version = self.version + 1 if update.version is None else update.version
     self._prefix.flush()
     update.done.set_result(self.version)
+
+  def _abort(self, queued: list[_Request]) -> None:
+    """Ends `queued` (taken off the queue) and every running request with finish_reason "abort"."""
+    for req in queued:
+      if not req.future.done():
+        req.future.set_result(Result((), (), "abort", self.version, len(req.input_ids), 0))
+    for slot, req in enumerate(self._slots):
+      if req is not None:
+        self._finish(slot, "abort")
 
   def _admit(self) -> None:
     with self._cv:

@@ -141,7 +141,8 @@ class PolicySession:
         if policy is None:
           model = self.cfg.model
           policy = load_model(model.init, seed=seed, random_init=model.random_init, **model.overrides).model
-        self.engine = Engine(policy, engine_config(settings.options), version=self.version)
+        options = {**settings.options, "update_mode": settings.push_mode}
+        self.engine = Engine(policy, engine_config(options), version=self.version)
       return create_backend("embedded", engine=self.engine)
     backend = self._remote(settings.url)
     # Weight updates go to each engine server: those behind a router, or the one server.
@@ -217,8 +218,9 @@ class PolicySession:
   def push(self, model, version: int) -> int:
     """New weights to the engine, as policy `version` (a remote engine takes any: also the one it
     holds, or a lower one); returns it. Raises PolicyUpdateError, naming the engine and the version, when the engine
-    refuses them or its /get_model_info then reports another version or none (an engine that does not
-    honour SGLang's weight_version)."""
+    refuses them or its /model_info then reports another version or none (an engine that does not
+    honour SGLang's weight_version). Calls in flight finish on the old weights or are aborted and
+    retried (`cfg.engine.push_mode`)."""
     if self.engine is not None:
       got = self.engine.update_from_model(model, version)
       if got != version:
@@ -254,8 +256,10 @@ class PolicySession:
     """Whether `target` took the weights; False for a replica that is down (one of several)."""
     where = f"engine {self.cfg.engine.backend} at {getattr(target, 'url', self.cfg.engine.url)}"
     try:
-      got = self.shim.run(target.update_weights_from_disk(path, version))
-      self.shim.run(target.flush_cache())
+      # The update leaves no prefix cached under the old weights (SGLang's flushes inside it, while new
+      # requests are held): no flush of its own, which would meet the held requests running again.
+      abort = self.cfg.engine.push_mode == "abort"
+      got = self.shim.run(target.update_weights_from_disk(path, version, abort=abort))
     except BackendError as e:
       if e.overloaded and len(self._update_targets) > 1:
         log.warning("%s is down (%s): weight version %d not pushed to it", where, e, version)

@@ -39,6 +39,9 @@ class ModelSettings:
       raise ConfigError(f"config.model.random_init: needs a preset, not the directory {self.init!r}")
 
 
+PUSH_MODES = ("drain", "abort")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineSettings:
   # A clawjax.serving backend: "embedded" (the in-process JAX engine; training updates it in place),
@@ -56,10 +59,20 @@ class EngineSettings:
   # Training with sglang / vllm: where new weights are exported (safetensors) for the engine to load;
   # the engine must see this path. None: WORKDIR/export.
   export_dir: str | None = None
+  # What a weight push does to the model calls in flight (docs/training.md, "Weight pushes"):
+  # "drain" (SGLang's default) holds new calls and waits for those in flight to finish on the old
+  # weights, so the push takes as long as the longest turn in flight; "abort" ends them at once
+  # (SGLang's `abort_all_requests`; the embedded engine's update_mode) and the harnesses retry them,
+  # resampled from scratch on the new weights.
+  push_mode: str = "drain"
 
   def __post_init__(self):
     if self.backend not in backend_names():
       raise ConfigError(f"config.engine.backend: {self.backend!r} is not one of {backend_names()}")
+    if self.push_mode not in PUSH_MODES:
+      raise ConfigError(f"config.engine.push_mode: {self.push_mode!r} is not one of {PUSH_MODES}")
+    if self.backend == "embedded" and "update_mode" in self.options:
+      raise ConfigError("config.engine.options.update_mode: set config.engine.push_mode instead")
     if self.workers and not self.url:
       raise ConfigError("config.engine.workers: needs engine.url, the router in front of them")
     if self.backend == "embedded":

@@ -39,8 +39,8 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
                      "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "rollout.work_root", "rollout.sandbox", "rollout.keep_dirs", "rollout.cores",
-                     "distributed", "compile")
+                     "engine.push_mode", "rollout.work_root", "rollout.sandbox", "rollout.keep_dirs",
+                     "rollout.cores", "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "

@@ -20,10 +20,11 @@ rollouts all finished before a crash is replayed from its logs.
 
 Weight push: embedded engine in place (`Engine.update_from_model`; an engine with devices of its own,
 `engine.options.devices`, gets them device to device while the learner trains on the other devices);
-sglang: safetensors export + the backend's `update_weights_from_disk` + `flush_cache`, on every replica,
-the first before any rollout (the weights the run starts or resumes from). The policy version is the RL
-step: every call records the version that sampled it, and `batch.max_staleness` bounds how old a trained
-call may be. A resumed run pushes its checkpoint's step, which the engine takes even when it holds a
+sglang: safetensors export + the backend's `update_weights_from_disk` (which flushes the engine's
+prefix cache; calls in flight drained or aborted: `engine.push_mode`), on every replica, the first
+before any rollout (the weights the run starts or resumes from). The policy version is the RL step:
+every call records the version that sampled it, and `batch.max_staleness` bounds how old a trained call
+may be. A resumed run pushes its checkpoint's step, which the engine takes even when it holds a
 later step's weights (pushed before a crash that came before their checkpoint,
 clawjax.run.session.PolicySession).
 

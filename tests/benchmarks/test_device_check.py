@@ -115,7 +115,8 @@ def test_a_part_cut_off_keeps_what_it_recorded(tmp_path):
 @pytest.mark.slow
 def test_the_sglang_check_against_an_engine_that_speaks_sglangs_api(tmp_path, monkeypatch):
   """scripts/sglang_check.py's client side on the CPU: clawjax's engine server (SGLang's API) in place of
-  `sglang.launch_server` and test-tiny in place of qwen3-0.6b; served log-probs, one push, its version."""
+  `sglang.launch_server` and test-tiny in place of qwen3-0.6b; served log-probs, one push, its version, and
+  the pushes with a call in flight."""
   sys.path.insert(0, str(ROOT / "scripts"))
   import sglang_check  # pylint: disable=import-outside-toplevel
   from clawjax.models import loading  # pylint: disable=import-outside-toplevel
@@ -132,7 +133,11 @@ def test_the_sglang_check_against_an_engine_that_speaks_sglangs_api(tmp_path, mo
   monkeypatch.setattr(sglang_check.subprocess, "Popen", engine_server)
   out = sglang_check.check_sglang(sys.executable, tmp_path, budget_s=300)
   assert out["status"] == "ok", out
-  assert out["weight_version_read_back"] == 1 == out["generation_policy_version"]
+  assert out["weight_version_read_back"] == 1 == out["generation_policy_version"] and out["same_seed_same_tokens"]
+  # Pushes with a call in flight: drained (it ends on the weights it started with), then aborted.
+  assert out["push_draining"]["version_read_back"] == 2 and out["push_draining"]["call_version"] == 1
+  assert out["push_aborting"]["version_read_back"] == 3
+  assert out["push_aborting"].get("call_error", {"retryable": True})["retryable"]
   assert out["push_bytes"] > 0 and out["update_weights_from_disk_s"] > 0
   for key in ("logprobs_v0", "logprobs_v1"):
     # The server computes in f32 from the bf16 export, the model in bf16: close, not equal.

@@ -73,11 +73,14 @@ def test_plain_http_round_trip(model, tmp_path):
     assert (meta["prompt_tokens"], meta["completion_tokens"], meta["weight_version"]) == (30, 12, "default")
     np.testing.assert_allclose([lp for lp, _, _ in meta["output_token_logprobs"]],
                                learner_logprobs(model, ids, out["output_ids"], 0.8), atol=1e-4)
-    # Streamed: every event carries the request's one id, and ids are drawn one per request.
+    # Streamed: an event per token, the last one also finishing, as SGLang's incremental stream; every
+    # event carries the request's one id, and ids are drawn one per request.
     status, text = await call("/generate", dict(body, stream=True))
     events = [json.loads(line[6:]) for line in text.split("\n")
               if line.startswith("data: ") and line != "data: [DONE]"]
-    assert status == 200 and len(events) == 13
+    assert status == 200 and len(events) == 12
+    assert [e["output_ids"] for e in events] == [[t] for t in out["output_ids"]]
+    assert [e["meta_info"]["finish_reason"] for e in events] == [None] * 11 + [meta["finish_reason"]]
     assert {e["meta_info"]["id"] for e in events} == {f"clawjax-{int(meta['id'][8:]) + 1}"}
     assert (await call("/generate", body))[1]["meta_info"]["id"] == f"clawjax-{int(meta['id'][8:]) + 2}"
     # Same request in-process: the server adds nothing to the sampling.
@@ -91,31 +94,35 @@ def test_plain_http_round_trip(model, tmp_path):
     for path, b in [("/flush_cache", None), ("/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})]:
       assert (await call(path, b, None))[0] == 401 and (await call(path, b, "sk-guess"))[0] == 403
     assert (await call("/flush_cache"))[0] == 200
-    info = (await call("/get_model_info"))[1]
+    info = (await call("/model_info"))[1]
     assert info["is_generation"] and info["weight_version"] == "default"
+    assert (await call("/get_model_info"))[1] == info  # SGLang's deprecated name, for older clients
+    version = lambda: call("/model_info")
     # An update without a version keeps the one of the weights it replaces, as SGLang does.
     status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
-    assert status == 200 and up["success"] and up["weight_version"] == "default"
+    assert status == 200 and up == {"success": True, "message": "Succeeded to update model weights.",
+                                    "num_paused_requests": 0}
+    assert (await version())[1]["weight_version"] == "default"
     status, out1 = await call("/generate", body)
     assert out1["meta_info"]["weight_version"] == "default" and out1["output_ids"] != out["output_ids"]
     np.testing.assert_allclose([lp for lp, _, _ in out1["meta_info"]["output_token_logprobs"]],
                                learner_logprobs(other, ids, out1["output_ids"], 0.8), atol=1e-4)
     status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "missing")})
-    assert status == 400 and not bad["success"] and bad["weight_version"] == "default"
+    assert status == 400 and not bad["success"] and (await version())[1]["weight_version"] == "default"
     # A trainer names the version (SGLang's string field): it is what every answer reports next.
     status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": "7"})
-    assert status == 200 and up["weight_version"] == 7 and (await call("/get_model_info"))[1]["weight_version"] == 7
-    assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == 7
-    for version in ("seven", -1):  # not a whole number: refused
-      status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": version})
-      assert status == 400 and (await call("/get_model_info"))[1]["weight_version"] == 7
-    # The same version again (a resumed trainer's first push), or a lower one (a trainer resumed from a
-    # checkpoint older than the weights the server holds): taken, as SGLang takes any version.
-    for version in ("7", 6):
-      status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": version})
-      assert status == 200 and up["weight_version"] == int(version)
-      assert (await call("/get_model_info"))[1]["weight_version"] == int(version)
-      assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == int(version)
+    assert status == 200 and up["message"].endswith("Weight version updated to 7.")
+    assert (await version())[1]["weight_version"] == "7"
+    assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == "7"
+    # Not a string: refused, as SGLang's request model refuses it (422).
+    status, bad = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": 8})
+    assert status == 422 and (await version())[1]["weight_version"] == "7"
+    # The same version again (a resumed trainer's first push), a lower one (a trainer resumed from a
+    # checkpoint older than the weights the server holds), any string: taken, as SGLang takes any version.
+    for named in ("7", "6", "seven"):
+      status, up = await call("/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": named})
+      assert status == 200 and (await version())[1]["weight_version"] == named
+      assert (await call("/generate", body))[1]["meta_info"]["weight_version"] == named
     status, err = await call("/generate", {"input_ids": ids, "sampling_params": {"temperature": "hot"}})
     assert status == 400 and "sampling_params.temperature" in err["error"]["message"]
     status, err = await call("/generate", {"text": "hello"})
@@ -148,8 +155,9 @@ def test_stop_token_finish_reason_names_the_match(model):
   asyncio.run(with_server(model, scenario))
 
 
-def test_shim_sglang_backend_client_round_trip(model):
+def test_shim_sglang_backend_client_round_trip(model, tmp_path):
   ids = prompt(23, 25)
+  same = str(hf_io.save(model, tmp_path / "same"))
 
   async def scenario(url, engine):
     backend = create_backend("sglang", url=url, admin_api_key=TOKEN)
@@ -168,11 +176,12 @@ def test_shim_sglang_backend_client_round_trip(model):
       assert gen.cached_tokens == 0 and streamed.cached_tokens > 0
       assert dataclasses.replace(streamed, cached_tokens=0) == gen and got == [[t] for t in gen.output_ids]
       assert await backend.health()
-      await backend.flush_cache()  # answered in plain text, as SGLang does
       with pytest.raises(BackendError, match="HTTP 401"):
-        await keyless.flush_cache()
-      assert (await keyless.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
-              ) == gen  # (generation needs no key; the flush forgot the cached prefix)
+        await keyless.update_weights_from_disk(same, 1)
+      assert await backend.update_weights_from_disk(same, 1) == 1  # the same weights, as version "1"
+      again = await keyless.generate(PromptIds(ids), SamplingParams(max_new_tokens=6, temperature=1.0, seed=9))
+      # Generation needs no key; the update forgot the cached prefix (SGLang's flush inside it).
+      assert again == dataclasses.replace(gen, policy_version=1)
     finally:
       await backend.close()
       await keyless.close()
@@ -209,7 +218,7 @@ def test_command_line_server_serves_test_tiny(tmp_path):
     status, out = http(url + "/generate", {"input_ids": [1, 2, 3], "return_logprob": True,
                                            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
     assert status == 200 and len(out["output_ids"]) == 4 and out["meta_info"]["weight_version"] == "default"
-    assert http(url + "/get_model_info")[1]["model_path"] == "test-tiny"
+    assert http(url + "/model_info")[1]["model_path"] == "test-tiny"
     # No $CLAWJAX_ADMIN_TOKEN: a generated token, readable by its owner only, opens the control routes.
     assert token_file.stat().st_mode & 0o777 == 0o600
     assert http(url + "/flush_cache", {})[0] == 401

@@ -62,13 +62,13 @@ def test_toy_config_builds():
 
 def test_transfer_config_builds_both_rows():
   trained = _load("transfer_cpu")
-  trained.model.init = "m"
+  trained.model.init = "test-tiny"
   cfg = eval_config(trained, ["harness=codex"])
   assert (cfg.harness, cfg.trained_in, cfg.label, cfg.shim.max_context) == ("codex", "mini", "toy-mini", 16384)
   base = eval_config(_load("transfer_cpu", "base"))
   assert (base.trained_in, base.model.init, base.model.random_init) == ("base", "smollm2-135m", True)
   assert base.rollout.harness.codex_compact_reserve < base.shim.max_context
-  assert eval_config({"tasks": TASKS, "model": {"init": "m"}}, ["trained_in=codex+claude_code"]).trained_in == \
+  assert eval_config({"tasks": TASKS, "model": {"init": "test-tiny"}}, ["trained_in=codex+claude_code"]).trained_in == \
       "codex+claude_code"
   with pytest.raises(ValueError, match="expected one of"):
     _load("transfer_cpu", "cold")

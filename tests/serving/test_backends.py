@@ -22,11 +22,12 @@ from tests.serving.helpers import (FINAL_TURN, WRITE_TURN, assert_linear_zero_dr
 
 
 class EngineServer:
-  """An aiohttp server on its own thread; `routes` maps (method, path) to async handlers."""
+  """An aiohttp server on its own thread; `routes` maps (method, path) to async handlers, added to `app`
+  (a new one when not given)."""
 
-  def __init__(self, routes):
+  def __init__(self, routes, app: web.Application | None = None):
     self.loop = asyncio.new_event_loop()
-    self.app = web.Application()
+    self.app = app or web.Application()
     for (method, path), handler in routes.items():
       self.app.router.add_route(method, path, handler)
     self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -51,8 +52,12 @@ class EngineServer:
     self.thread.join()
 
 
-def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
-  """SGLang's native /generate protocol with the scripted policy as the model."""
+def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None,
+                  info_paths=("/model_info", "/get_model_info"), updates=None):
+  """SGLang's native /generate protocol with the scripted policy as the model; the model info at
+  `info_paths` (SGLang 0.5.23 answers both; servers before it only /get_model_info). The bodies of the
+  weight updates go to `updates`."""
+  updates = [] if updates is None else updates
 
   async def generate(request):
     body = await request.json()
@@ -76,15 +81,17 @@ def sglang_routes(policy: ScriptedBackend, seen: list, fail_status=None):
 
   async def update(request):
     seen.append(request.path)
-    version.append((await request.json())["weight_version"])
+    updates.append(await request.json())
+    version.append(updates[-1]["weight_version"])
     return web.json_response({"success": True, "message": ""})
 
   async def model_info(request):
+    seen.append(request.path)
     return web.json_response({"model_path": "m", "weight_version": version[-1]})
 
   version = ["default"]  # SGLang's weight_version before any update
-  return {("POST", "/generate"): generate, ("GET", "/health"): ok, ("GET", "/get_model_info"): model_info,
-          ("POST", "/flush_cache"): ok, ("POST", "/update_weights_from_disk"): update}
+  return {("POST", "/generate"): generate, ("GET", "/health"): ok, ("POST", "/flush_cache"): ok,
+          ("POST", "/update_weights_from_disk"): update, **{("GET", path): model_info for path in info_paths}}
 
 
 def vllm_routes(policy: ScriptedBackend, seen: list, max_model_len: int | None = None):
@@ -175,25 +182,31 @@ def test_engine_answer_that_fails_validation_is_a_backend_error(make_shim, templ
   assert [call.status for call in calls] == ["error", "ok"] and f"{field}[1]" in calls[0].extra["error"]
 
 
-def test_sglang_admin_calls_and_overload(template):
+@pytest.mark.parametrize("info_paths", [("/model_info", "/get_model_info"), ("/get_model_info",)])
+def test_sglang_admin_calls_and_overload(template, info_paths):
   policy = ScriptedBackend(template, [FINAL_TURN])
 
   async def run(url):
     backend = create_backend("sglang", url=url, model="qwen3")
     try:
       assert await backend.health()
-      await backend.flush_cache()
       assert await backend.update_weights_from_disk("/some/dir", 3) == 3  # sent as "3", read back from the info
+      assert await backend.update_weights_from_disk("/some/dir", 4, abort=True) == 4
       return await backend.generate(PromptIds([1, 2, 3]), SamplingParams(max_new_tokens=4))
     finally:
       await backend.close()
 
-  seen = []
-  with EngineServer(sglang_routes(policy, seen, fail_status=503)) as engine:
+  seen, updates = [], []
+  with EngineServer(sglang_routes(policy, seen, fail_status=503, info_paths=info_paths, updates=updates)) as engine:
     with pytest.raises(BackendError) as e:
       asyncio.run(run(engine.url))
   assert e.value.overloaded and "/generate" in str(e.value)
-  assert seen[:3] == ["/health", "/flush_cache", "/update_weights_from_disk"]
+  # No flush of its own: SGLang's update flushes the cache. The model info from /model_info, or from
+  # /get_model_info where a server before SGLang 0.5.23 has no /model_info (asked once: remembered).
+  info = info_paths[0]
+  assert seen[:4] == ["/health", "/update_weights_from_disk", info, "/update_weights_from_disk"] and seen[4] == info
+  assert updates == [{"model_path": "/some/dir", "weight_version": "3", "abort_all_requests": False, "flush_cache": True},
+                     {"model_path": "/some/dir", "weight_version": "4", "abort_all_requests": True, "flush_cache": True}]
 
   async def unreachable():
     backend = create_backend("sglang", url="http://127.0.0.1:9", model="qwen3")

@@ -138,6 +138,17 @@ def test_length_finish_and_abort(template):
   e = failure(StreamingSGLang(ScriptedBackend(template, [WRITE_TURN]), tamper=abort))
   assert e.status == 503 and "weights are being updated" in str(e)
 
+  # An abort SGLang gives a client-error status (a request it refuses, FINISH_ABORT(message, 400)):
+  # retrying cannot help, so it is not retryable.
+  def refused(k, out):
+    if out["meta_info"]["finish_reason"]:
+      out["meta_info"]["finish_reason"] = {"type": "abort", "message": "input is too long",
+                                           "status_code": 400, "err_type": "BadRequestError"}
+    return out
+
+  e = failure(StreamingSGLang(ScriptedBackend(template, [WRITE_TURN]), tamper=refused))
+  assert e.status == 500 and "HTTP 400" in str(e) and "input is too long" in str(e)
+
 
 def test_error_chunk_mid_stream_names_the_message(template):
   tamper = lambda k, out: {"error": {"message": "CUDA out of memory"}} if k == 3 else out

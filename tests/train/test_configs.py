@@ -118,8 +118,12 @@ QUICKSTART = ROOT / "configs" / "quickstart.py"
      r"^config\.batch\.drop_uninformative_groups: drops the groups whose GRPO advantages are all 0, but "
      r"learner\.loss 'ppo'"),
     (["shim.workers=2"], r"^config\.shim\.workers: 2 shim processes cannot share the embedded engine"),
+    (["harnesses=codex", "shim.max_context=8192", "rollout.harness.codex_compact_reserve=8192"],
+     r"^config\.rollout\.harness\.codex_compact_reserve: 8192 must be at least 0 and below shim\.max_context"),
     (["harnesses=codex", "rollout.harness.codex_compact_reserve=-1"],
-     r"^config\.rollout\.harness\.codex_compact_reserve: -1 must be at least 0 and below shim\.max_context"),
+     r"^config\.rollout\.harness\.codex_compact_reserve: must be >= 0, got -1$"),
+    (["engine.push_mode=flush"], r"^config\.engine\.push_mode: 'flush' is not one of \('drain', 'abort'\)"),
+    (["engine.options={'update_mode': 'abort'}"], r"^config\.engine\.options\.update_mode: set config\.engine\.push_mode"),
     (["rollout.cores=0-"], r"^config\.rollout\.cores: '0-' is not a cpu list like '0-3,8'"),
     (["distributed.num_processes=2", "distributed.process_id=0", "distributed.coordinator=h:1"],
      r"^config\.sft\.steps: the cold start through the harness runs in one process"),

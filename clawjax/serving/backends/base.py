@@ -8,7 +8,7 @@ backend (sglang, vllm, scripted, the in-process JAX engine `embedded`) implement
   async close()
   optional: async generate_streaming(PromptIds, SamplingParams, on_tokens) -> Generation (the shim's
     --incremental-stream; a `SamplingBackend` has one `sample(..., on_tokens | None)` for both),
-    async update_weights_from_disk(model_path, version) -> int | None, async flush_cache()
+    async update_weights_from_disk(model_path, version, abort) -> int | None
 
 `SamplingParams`, `Generation` (and its log-prob convention) and `TokenSink` are `clawjax.generation`'s,
 shared with the rollout engine.
@@ -82,11 +82,13 @@ class StreamedTokens:
 
 
 class BackendError(Exception):
-  """A failed generation. `status`: 503 or 529 = overloaded/unavailable (retryable), 500 = other."""
+  """A failed generation. `status`: 503 or 529 = overloaded/unavailable (retryable), 500 = other.
+  `http_status`: the remote engine's own HTTP status, where it answered with one."""
 
-  def __init__(self, message: str, status: int = 500):
+  def __init__(self, message: str, status: int = 500, http_status: int | None = None):
     super().__init__(message)
     self.status = status
+    self.http_status = http_status
 
   @property
   def overloaded(self) -> bool:
@@ -133,13 +135,12 @@ class Backend(abc.ABC):
   async def close(self) -> None:
     pass
 
-  async def update_weights_from_disk(self, model_path: str, version: int) -> int | None:
+  async def update_weights_from_disk(self, model_path: str, version: int, abort: bool = False) -> int | None:
     """Reloads weights from an HF safetensors dir as policy `version` (the engine then reports it with
-    every generation); returns the version the engine reports now (None: it reports none)."""
+    every generation), leaving no prefix cached under the old weights; returns the version the engine
+    reports now (None: it reports none). Requests in flight finish on the old weights first, new ones
+    waiting (SGLang's update), or with `abort` end at once as aborted (the harness retries them)."""
     raise BackendError(f"{type(self).__name__} cannot update weights", status=501)
-
-  async def flush_cache(self) -> None:
-    pass
 
 
 class SamplingBackend(Backend):

@@ -41,19 +41,18 @@ class EmbeddedBackend(SamplingBackend):
   async def context_length(self) -> int | None:
     return self.engine.config.max_seq_len
 
-  async def update_weights_from_disk(self, model_path: str, version: int) -> int | None:
+  async def update_weights_from_disk(self, model_path: str, version: int, abort: bool = False) -> int | None:
     if self._model is None:
       raise BackendError("embedded: the engine was passed in; update it through its owner", status=501)
     try:
       model = await asyncio.to_thread(load_weights, model_path, self._model)
+      if abort:  # (a request admitted while the weights are copied in is waited for)
+        self.engine.abort_all()
       return await asyncio.to_thread(self.engine.update_from_model, model, version)
     except EngineError as e:
       raise BackendError(f"embedded: {e}", status=e.status) from e
     except (OSError, ValueError, KeyError) as e:
       raise BackendError(f"embedded: cannot load weights from {model_path}: {e}", status=500) from e
-
-  async def flush_cache(self) -> None:
-    self.engine.flush_cache()
 
   async def close(self) -> None:
     if self._owns_engine:

@@ -6,7 +6,7 @@ serving/backends/routes.py decodes them.
 
 Keys, as the engines take them (`--backend-arg api_key=... admin_api_key=...`): `api_key` is sent as
 `Authorization: Bearer` on every request (SGLang's and vLLM's `--api-key`); `admin_api_key` on the
-control requests only (weight update, cache flush: SGLang's `--admin-api-key`, and the admin token of
+control requests only (the weight update: SGLang's `--admin-api-key`, and the admin token of
 `python -m clawjax.engine`). SGLang checks its admin routes against the admin key when it has one, else
 against the api key; so does this client.
 """
@@ -53,7 +53,7 @@ def _parse_answer(body: bytes) -> Any:
 def _status_error(where: str, status: int, body: bytes) -> BackendError:
   # 429/503/529: the engine is overloaded or not up yet, which the harness retries.
   return BackendError(f"{where} -> HTTP {status}: {body[:500]!r}",
-                      status=503 if status in (429, 503, 529) else 500)
+                      status=503 if status in (429, 503, 529) else 500, http_status=status)
 
 
 def _transport_error(where: str, e: Exception) -> BackendError:
