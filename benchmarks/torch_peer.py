@@ -46,6 +46,36 @@ def _token_logprobs(model: Qwen3ForCausalLM, ids_BT: torch.Tensor) -> torch.Tens
   return torch.log_softmax(logits_BTV, -1).gather(-1, ids_BT[:, 1:, None]).squeeze(-1)
 
 
+def step_bytes(cfg: ModelConfig, row_len: int) -> float:
+  """The peer step's peak memory, estimated on the high side: float32 parameters, their gradients and
+  AdamW's two moments (16 bytes a parameter); the vocabulary projection, the step's largest activations
+  (per row position and vocabulary entry: bf16 logits 2 bytes, their float32 copy 4, the log-softmax
+  kept for the backward 4, and in the backward its gradient 4: 14 bytes; 32,767 x 151,936 float32
+  log-probs alone are 19.9 GB); the layers' checkpointed inputs (float32) and one layer's recomputed
+  activations (bf16: q, k, v, the attention output, the MLP's three hidden projections)."""
+  params = flops.total_params(cfg)
+  layer = cfg.n_heads * cfg.head_dim * 2 + 2 * cfg.n_kv_heads * cfg.head_dim + 3 * cfg.mlp_dim
+  return 16.0 * params + row_len * (14.0 * cfg.vocab_size + 4.0 * cfg.n_layers * cfg.d_model + 2.0 * layer)
+
+
+def device_memory_bytes() -> int:
+  """What the peer's device holds: the GPU's memory, or the machine's on a CPU."""
+  if torch.cuda.is_available():
+    return torch.cuda.get_device_properties(0).total_memory
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fitting_row_len(cfg: ModelConfig, row_len: int, memory_bytes: float, *, share: float = 0.9,
+                    multiple: int = 1024) -> int:
+  """`row_len`, or the longest multiple of `multiple` below it whose `step_bytes` fit `share` of
+  `memory_bytes` (0 when none does)."""
+  budget = share * memory_bytes
+  if step_bytes(cfg, row_len) <= budget:
+    return row_len
+  fits = [n for n in range(multiple, row_len, multiple) if step_bytes(cfg, n) <= budget]
+  return fits[-1] if fits else 0
+
+
 def peer_step(cfg: ModelConfig, row_len: int, *, warmup: int = 1, repeats: int = 2, seed: int = 0) -> dict[str, Any]:
   """The peer's step on one row: median seconds over `repeats` after `warmup` steps, tokens/s, FLOPs, MFU
   (None off a GPU of known peak) and the allocator's peak GiB."""

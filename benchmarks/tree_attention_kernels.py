@@ -46,8 +46,12 @@ import numpy as np
 
 from clawjax.aot import lowering, topology
 from clawjax.environment import describe as describe_environment
-from clawjax.models import attention
-from clawjax.models.pallas_attention import GPU_BLOCK, block_table, kernel_block, pallas_attention_flops
+from clawjax.kernels.tree_attention import KERNELS
+from clawjax.kernels.tree_attention.block_sparse import block_table, pallas_attention_flops
+from clawjax.kernels.tree_attention.check import rel_error
+from clawjax.kernels.tree_attention.dispatch import kernel_block, platform_of
+from clawjax.kernels.tree_attention.reference import block_needed
+from clawjax.kernels.tree_attention.triton_gpu import GPU_BLOCK
 from clawjax.rl.advantages import grpo_advantages
 from clawjax.tree import synthetic
 from clawjax.tree.filters import filter_rollout
@@ -97,19 +101,14 @@ def skip_figures(seg_RT: np.ndarray, end_RT: np.ndarray, block: int) -> dict:
 
 def _kernel(impl: str, block: int, gpu_block: int):
   if impl == "pallas":
-    return functools.partial(attention.KERNELS[impl], block=block, gpu_block=gpu_block)
-  return functools.partial(attention.KERNELS[impl], block=block)
+    return functools.partial(KERNELS[impl], block=block, gpu_block=gpu_block)
+  return functools.partial(KERNELS[impl], block=block)
 
 
 def _visible_blocks(seg_RT, end_RT, block: int) -> int:
   """Visible (query block, key block) pairs over the rows, T padded to the block as the kernels pad it."""
   pad = ((0, 0), (0, -seg_RT.shape[1] % block))
   return int(np.asarray(block_table(jnp.pad(jnp.asarray(seg_RT), pad), jnp.pad(jnp.asarray(end_RT), pad), block)).sum())
-
-
-def _platform(device: jax.Device) -> str:
-  """The device's platform as `lax.platform_dependent` names it."""
-  return "cuda" if device.platform == "gpu" else device.platform
 
 
 def compile_figures(seg_T: np.ndarray, end_T: np.ndarray, block: int, args) -> dict:
@@ -119,7 +118,7 @@ def compile_figures(seg_T: np.ndarray, end_T: np.ndarray, block: int, args) -> d
   specs = (jax.ShapeDtypeStruct((1, t, n, h), jnp.bfloat16, sharding=one),
            *[jax.ShapeDtypeStruct((1, t, kv, h), jnp.bfloat16, sharding=one)] * 2,
            *[jax.ShapeDtypeStruct((1, t), jnp.int32, sharding=one)] * 2)
-  kblock = kernel_block(block, _platform(device), args.gpu_block)
+  kblock = kernel_block(block, platform_of(device), args.gpu_block)
   visible = _visible_blocks(seg_T[None], end_T[None], kblock)
   out = {"device": device.device_kind, "T": t, "heads": n, "kv_heads": kv, "head_dim": h, "block": block,
          "pallas_block": kblock, "visible_blocks": visible}
@@ -196,12 +195,11 @@ def time_kernels(seg_RT: np.ndarray, end_RT: np.ndarray, *, heads: int, kv_heads
                  "attention_lowering": lowering.attention_lowering([compiled.as_text()])}
   reference = next((impl for impl in ("dense", "blocked") if impl in results), None)
   for impl in results.keys() - {reference} if reference else ():  # nothing to compare against
-    errors = [jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))) / jnp.max(jnp.abs(b.astype(jnp.float32)))
-              for a, b in zip(results[impl], results[reference])]
+    errors = [rel_error(a, b) for a, b in zip(results[impl], results[reference])]
     out[impl]["rel_err_vs"] = reference
-    out[impl]["rel_err"] = dict(zip(("o", "dq", "dk", "dv"), (float(e) for e in errors)))
+    out[impl]["rel_err"] = dict(zip(("o", "dq", "dk", "dv"), errors))
   if "pallas" in results:
-    kblock = kernel_block(block, _platform(device), gpu_block)
+    kblock = kernel_block(block, platform_of(device), gpu_block)
     visible = _visible_blocks(seg_RT, end_RT, kblock)
     flops = pallas_attention_flops(visible, kblock, head_dim, heads)
     out["pallas"].update(kernel_block=kblock, visible_blocks=visible, kernel_flops=flops,
@@ -214,7 +212,7 @@ def blocked_needed_blocks(seg_T: np.ndarray, end_T: np.ndarray, block: int) -> i
   nb = seg_T.shape[0] // block
   seg_n1B, end_n1B = (jnp.asarray(x.reshape(nb, 1, block)) for x in (seg_T, end_T))
   starts = jnp.arange(nb) * block
-  one_q = lambda qs, q_seg: jax.vmap(lambda ks, k_seg, k_end: attention.block_needed(
+  one_q = lambda qs, q_seg: jax.vmap(lambda ks, k_seg, k_end: block_needed(
       qs, q_seg, ks, k_seg, k_end, block))(starts, seg_n1B, end_n1B)
   return int(jnp.sum(jax.jit(jax.vmap(one_q))(starts, seg_n1B)))
 

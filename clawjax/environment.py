@@ -14,6 +14,7 @@ import pathlib
 import platform
 import subprocess
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from clawjax import paths
@@ -49,6 +50,11 @@ def _version(package: str) -> str | None:
     return importlib.metadata.version(package)
   except importlib.metadata.PackageNotFoundError:
     return None
+
+
+def versions(packages: Iterable[str]) -> dict[str, str | None]:
+  """Each package's installed version (None where it is not installed)."""
+  return {name: _version(name) for name in packages}
 
 
 def _lock_sha256(path: pathlib.Path) -> str | None:
@@ -95,7 +101,7 @@ def describe(workdir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
       "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
                  "executable": sys.executable},
       "platform": {"system": platform.system(), "machine": platform.machine(), "release": platform.release()},
-      "packages": {name: _version(name) for name in PACKAGES},
+      "packages": versions(PACKAGES),
       "harnesses": harnesses(),
       "engines": engines(),
       "third_party": str(paths.THIRD_PARTY),

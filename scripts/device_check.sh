@@ -4,8 +4,8 @@
 # clawjax's dependencies travels as wheels in `.whl/` (git-ignored; `bash scripts/device_wheels.sh`
 # downloads them here, and the call that runs this carries the folder), installed into a folder of their
 # own that goes first on PYTHONPATH. Then scripts/device_check.py runs each part in its own process under
-# its own time limit (6 minutes in all by default) and writes OUT/NAME.json per part and
-# OUT/device_check.json after each.
+# its own time limit (505 s in all by default: the whole fits one 10-minute command) and, after each,
+# rewrites OUT/device_check.json (the report) and OUT/parts.tar.gz (each part's JSON and log).
 #
 #   bash scripts/device_check.sh --out OUT [--small] [--parts NAME ...] [--deadline-s S]
 set -uo pipefail

@@ -1,6 +1,7 @@
 """The package's import structure: no import cycle between two modules or two packages, and the layers
 stay apart (the learner maths imports nothing of the run's orchestration; the engine nothing of the
-shim; the text layer nothing of the models). Every import counts, also one inside a function."""
+shim; the text layer nothing of the models; the kernels sit below the model, which alone uses them).
+Every import counts, also one inside a function."""
 from __future__ import annotations
 
 import ast
@@ -29,6 +30,12 @@ FORBIDDEN = {
     # (its metrics writer is passed in) and runs no harness or engine of its own.
     "sft": {"train", "evaluation", "harness", "engine", "tasks"},
 }
+
+
+# The accelerator kernels (clawjax/kernels/) import nothing of clawjax but these, and only these packages
+# of clawjax import them (outside the package: benchmarks, scripts and tests).
+KERNELS_IMPORT = {"kernels", "config", "sharding"}
+KERNELS_IMPORTED_BY = {"kernels", "models", "aot"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -124,3 +131,14 @@ def test_layers_stay_apart(package):
   edges = sorted((m, d) for m, deps in _graph().items() if _group(m) == package
                  for d in deps if _group(d) in FORBIDDEN[package])
   assert edges == []
+
+
+def test_kernels_sit_below_the_model():
+  graph = _graph()
+  assert any(_group(d) == "kernels" for m, deps in graph.items() if _group(m) == "models" for d in deps)
+  upward = sorted((m, d) for m, deps in graph.items() if _group(m) == "kernels"
+                  for d in deps if _group(d) not in KERNELS_IMPORT)
+  assert upward == []
+  users = sorted((m, d) for m, deps in graph.items() if _group(m) not in KERNELS_IMPORTED_BY
+                 for d in deps if _group(d) == "kernels")
+  assert users == []

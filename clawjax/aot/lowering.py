@@ -1,8 +1,8 @@
 """Which lowering a compiled program's tree attention and MoE experts got, read from its HLO (not from the
-config: the kernels are chosen per platform when the program is lowered, clawjax/models/pallas_attention.py
-and clawjax/models/grouped_matmul.py).
+config: the kernels are chosen per platform when the program is lowered, clawjax/kernels/tree_attention/dispatch.py
+and clawjax/kernels/grouped_matmul/dispatch.py).
 
-Each kernel's ops carry a name scope in their metadata (`pallas_attention.SCOPE`, `grouped_matmul.SCOPE`).
+Each kernel's ops carry a name scope in their metadata (the two dispatch modules' `SCOPE`).
 Among them, a kernel is a custom call whose target names its compiler. For attention, scope ops with no
 such call are the kernel run by the Pallas interpreter (plain HLO loops), and no op in the scope means
 attention of plain XLA ops ("dense" or "blocked"); the experts' scope without a kernel is `lax.ragged_dot`
@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from clawjax.models import grouped_matmul, pallas_attention
+from clawjax.kernels.grouped_matmul import dispatch as grouped_matmul
+from clawjax.kernels.tree_attention import dispatch as tree_attention
 
 # Custom-call targets of Pallas kernels, by compiler.
 KERNEL_TARGETS = {"tpu_custom_call": "mosaic_tpu", "__gpu$xla.gpu.triton": "triton", "mosaic_gpu": "mosaic_gpu",
@@ -43,7 +44,7 @@ def _kernels_in_scope(hlo_texts: Iterable[str], scope: str) -> tuple[set[str], b
 def attention_lowering(hlo_texts: Iterable[str]) -> str:
   """"mosaic_tpu", "mosaic_gpu", "triton", "interpret" or "xla" over compiled HLO modules (as_text());
   several, joined by "+", should one program hold kernels of several compilers."""
-  kernels, scoped = _kernels_in_scope(hlo_texts, pallas_attention.SCOPE)
+  kernels, scoped = _kernels_in_scope(hlo_texts, tree_attention.SCOPE)
   if kernels:
     return "+".join(sorted(kernels))
   return "interpret" if scoped else "xla"

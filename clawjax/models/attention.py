@@ -1,32 +1,21 @@
-"""Tree attention: GQA self-attention over the tree-packed layout of clawjax/tree/batch.py.
+"""Tree attention in the decoder: GQA self-attention over the tree-packed layout of clawjax/tree/batch.py,
+with q/k RMSNorm (Qwen3) and RoPE at the tokens' tree depths.
 
-Mask rule: key j is visible to query i iff segment[i] == segment[j] != 0 and j <= i < subtree_end[j].
-The mask is only ever formed on device from the [B, T] arrays, never as a host-side [T, T] array.
+The attention itself is one call, `clawjax.kernels.tree_attention.tree_attention`, by the implementation
+that `ModelConfig.attention_impl` names ("dense", "blocked", "pallas"; the mask rule, the references and
+the per-platform kernels live there). Under the learner's mesh it runs per shard (`shard_map` over the
+rows' and heads' mesh axes): which key blocks to skip is each device's decision about its own rows, with
+no collective per block, and a device holding only padding rows skips them all.
 
-Kernels live in `KERNELS` (name -> function, chosen by `ModelConfig.attention_impl`):
-  "dense":   reference; materialises [B, N, T, T] scores on device.
-  "blocked": online softmax over key blocks (flash-attention style) with memory O(T * block) forward
-             and, through rematerialisation, per query block in the backward pass; key blocks that no
-             query of the block can see (after the queries, subtrees ended before them, other segments)
-             are skipped with `lax.cond`.
-  "pallas":  the same online softmax as a block-sparse Pallas kernel (clawjax/models/pallas_attention.py):
-             per-row lists of visible (query block, key block) pairs, computed on device, so invisible
-             blocks are neither loaded nor computed; forward and backward (custom VJP, recomputed from
-             the saved logsumexp). Chosen when lowered: a Mosaic kernel on TPU, a Triton kernel on a
-             CUDA GPU, Pallas interpret mode on other backends (slow: for tests).
-Under the learner's mesh a kernel runs per shard (`shard_map` over the rows' and heads' mesh axes): which
-key blocks to skip is each device's decision about its own rows, with no collective per block, and a
-device holding only padding rows skips them all.
-
-Engine hook: `Attention.project_qkv` / `Attention.project_out` expose the projections around the kernel,
-and `tree_mask` / `masked_attention` take queries and keys of different lengths (a KV cache) with the
-queries at explicit row indices; `online_softmax_*` is the per-key-block update of "blocked", which the
-engine's attention to long caches runs too.
+Engine hook: `Attention.project_qkv` / `Attention.project_out` expose the projections around the
+attention, and `masked_attention` (queries and keys of different lengths: a KV cache) and
+`online_softmax_*` (the per-key-block update of "blocked", which the engine's attention to long caches runs
+too) are the kernels' own, reached through here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -34,138 +23,14 @@ from flax import nnx
 from flax.core import spmd
 from jax.sharding import PartitionSpec as P
 
-from clawjax.models.block_sparse import pad_to_block
+from clawjax.kernels.tree_attention import KERNELS, Kernel, tree_attention
+# The engine's hook (the engine reaches the kernels only through the model).
+from clawjax.kernels.tree_attention.online_softmax import (  # pylint: disable=unused-import
+    online_softmax_init, online_softmax_result, online_softmax_step)
+from clawjax.kernels.tree_attention.reference import masked_attention  # pylint: disable=unused-import
 from clawjax.models.config import ModelConfig
-from clawjax.models.layers import RMSNorm, apply_rope, constrain, einsum_f32, param
-from clawjax.models.pallas_attention import pallas_attention
+from clawjax.models.layers import RMSNorm, apply_rope, constrain, param
 from clawjax.sharding import logical_to_mesh
-
-_NEG = -1e30  # finite "minus infinity": keeps fully masked rows free of NaN
-
-
-def tree_mask(q_index_BT: jax.Array, q_segment_BT: jax.Array, k_segment_BS: jax.Array,
-              k_subtree_end_BS: jax.Array, k_start: jax.Array | int = 0) -> jax.Array:
-  """[B, T, S] bool: is key s (row index k_start + s) visible to the query at row index q_index[t]?"""
-  k_index_11S = (k_start + jnp.arange(k_segment_BS.shape[1]))[None, None, :]
-  q_index_BT1 = q_index_BT[:, :, None]
-  same = (q_segment_BT[:, :, None] == k_segment_BS[:, None, :]) & (q_segment_BT[:, :, None] != 0)
-  return same & (k_index_11S <= q_index_BT1) & (q_index_BT1 < k_subtree_end_BS[:, None, :])
-
-
-def masked_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
-  """Softmax attention with GQA under an explicit mask; rows with no visible key give 0."""
-  b, t, n, h = q_BTNH.shape
-  kv = k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(b, t, kv, n // kv, h)
-  scores_BKGTS = einsum_f32("btkgh,bskh->bkgts", q_BTKGH, k_BSKH) * h ** -0.5
-  mask_B11TS = mask_BTS[:, None, None]
-  probs_BKGTS = jnp.where(mask_B11TS, jax.nn.softmax(jnp.where(mask_B11TS, scores_BKGTS, _NEG), axis=-1), 0.0)
-  out_BTKGH = jnp.einsum("bkgts,bskh->btkgh", probs_BKGTS.astype(v_BSKH.dtype), v_BSKH)
-  return out_BTKGH.reshape(b, t, n, h)
-
-
-def dense_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
-  """The kernel signature: q [B, T, N, H], k/v [B, T, K, H] (after RoPE), the row's segment ids and
-  subtree ends [B, T] -> o [B, T, N, H]. `block` is the tiling hint (unused here)."""
-  del block
-  b, t = segment_ids_BT.shape
-  q_index_BT = jnp.broadcast_to(jnp.arange(t), (b, t))
-  mask_BTT = tree_mask(q_index_BT, segment_ids_BT, segment_ids_BT, subtree_end_BT)
-  return masked_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT)
-
-
-def block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block: int) -> jax.Array:
-  """Scalar bool: can any query of the block see any key of the block (conservative, in some row)?"""
-  big = jnp.iinfo(jnp.int32).max
-  q_lo = jnp.min(jnp.where(q_seg_BQ > 0, q_seg_BQ, big), axis=1)
-  q_hi = jnp.max(q_seg_BQ, axis=1)
-  k_lo = jnp.min(jnp.where(k_seg_BK > 0, k_seg_BK, big), axis=1)
-  k_hi = jnp.max(k_seg_BK, axis=1)
-  segments_overlap_B = (q_lo <= k_hi) & (k_lo <= q_hi)
-  subtree_reaches_B = jnp.max(k_end_BK, axis=1) > q_start
-  return (k_start < q_start + block) & jnp.any(segments_overlap_B & subtree_reaches_B)
-
-
-OnlineSoftmax = tuple[jax.Array, jax.Array, jax.Array]  # running max, normaliser [B, K, G, Q]; accumulator [B, K, G, Q, H]
-
-
-def online_softmax_init(shape_BKGQ: tuple[int, ...], head_dim: int) -> OnlineSoftmax:
-  return (jnp.full(shape_BKGQ, _NEG, jnp.float32), jnp.zeros(shape_BKGQ, jnp.float32),
-          jnp.zeros((*shape_BKGQ, head_dim), jnp.float32))
-
-
-def online_softmax_step(carry: OnlineSoftmax, s_BKGQS: jax.Array, mask_B11QS: jax.Array,
-                        v_BSKH: jax.Array) -> OnlineSoftmax:
-  """One key block of a flash-attention softmax: float32 scores [B, K, G, Q, S] of the block's keys, which
-  of them each query sees, and their values."""
-  m_BKGQ, l_BKGQ, acc_BKGQH = carry
-  s_BKGQS = jnp.where(mask_B11QS, s_BKGQS, _NEG)
-  m_new = jnp.maximum(m_BKGQ, jnp.max(s_BKGQS, axis=-1))
-  p_BKGQS = jnp.where(mask_B11QS, jnp.exp(s_BKGQS - m_new[..., None]), 0.0)
-  correction = jnp.exp(m_BKGQ - m_new)
-  pv_BKGQH = einsum_f32("bkgqs,bskh->bkgqh", p_BKGQS.astype(v_BSKH.dtype), v_BSKH)
-  return m_new, l_BKGQ * correction + jnp.sum(p_BKGQS, axis=-1), acc_BKGQH * correction[..., None] + pv_BKGQH
-
-
-def online_softmax_result(carry: OnlineSoftmax) -> jax.Array:
-  """[B, K, G, Q, H] float32 attention outputs; 0 for a query that saw no key."""
-  _, l_BKGQ, acc_BKGQH = carry
-  return acc_BKGQH / jnp.where(l_BKGQ > 0, l_BKGQ, 1.0)[..., None]
-
-
-def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
-  """Same contract as `dense_attention`: an outer map over query blocks, an inner scan over key blocks
-  with running (max, normaliser, accumulator); both bodies rematerialised in the backward pass."""
-  b, t, n, h = q_BTNH.shape
-  kv = k_BTKH.shape[2]
-  g = n // kv
-  pad = -t % block
-  q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT = pad_to_block(
-      pad, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT)
-  nb = (t + pad) // block
-  scale = h ** -0.5
-  # Leading block axis for scan/map: [nb, B, block, ...].
-  q_nBQKGH = q_BTNH.reshape(b, nb, block, kv, g, h).swapaxes(0, 1)
-  k_nBKKH = k_BTKH.reshape(b, nb, block, kv, h).swapaxes(0, 1)
-  v_nBKKH = v_BTKH.reshape(b, nb, block, kv, h).swapaxes(0, 1)
-  seg_nBQ = segment_ids_BT.reshape(b, nb, block).swapaxes(0, 1)
-  end_nBQ = subtree_end_BT.reshape(b, nb, block).swapaxes(0, 1)
-  starts_n = jnp.arange(nb) * block
-  offsets = jnp.arange(block)
-
-  @jax.checkpoint
-  def one_query_block(args):
-    q_start, q_BQKGH, q_seg_BQ = args
-    q_index_BQ = jnp.broadcast_to(q_start + offsets, (b, block))
-
-    @jax.checkpoint
-    def kv_step(carry, kv_args):
-      k_start, k_BKKH, v_BKKH, k_seg_BK, k_end_BK = kv_args
-
-      def update(carry):
-        mask_B11QK = tree_mask(q_index_BQ, q_seg_BQ, k_seg_BK, k_end_BK, k_start)[:, None, None]
-        s_BKGQK = einsum_f32("bqkgh,bskh->bkgqs", q_BQKGH, k_BKKH) * scale
-        return online_softmax_step(carry, s_BKGQK, mask_B11QK, v_BKKH)
-
-      needed = block_needed(q_start, q_seg_BQ, k_start, k_seg_BK, k_end_BK, block)
-      return jax.lax.cond(needed, update, lambda c: c, carry), None
-
-    init = online_softmax_init((b, kv, g, block), h)
-    carry, _ = jax.lax.scan(kv_step, init, (starts_n, k_nBKKH, v_nBKKH, seg_nBQ, end_nBQ))
-    out_BKGQH = online_softmax_result(carry)
-    return jnp.einsum("bkgqh->bqkgh", out_BKGQH).astype(q_BQKGH.dtype)
-
-  out_nBQKGH = jax.lax.map(one_query_block, (starts_n, q_nBQKGH, seg_nBQ))
-  return out_nBQKGH.swapaxes(0, 1).reshape(b, t + pad, n, h)[:, :t]
-
-
-Kernel = Callable[..., jax.Array]
-KERNELS: dict[str, Kernel] = {"dense": dense_attention, "blocked": blocked_attention, "pallas": pallas_attention}
-
-
-def register_kernel(name: str, kernel: Kernel) -> None:
-  """Adds an attention kernel (same signature as `dense_attention`) selectable by `attention_impl`."""
-  KERNELS[name] = kernel
 
 
 def per_shard(kernel: Kernel, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int) -> jax.Array:
@@ -232,6 +97,6 @@ class Attention(nnx.Module):
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
                subtree_end_BT: jax.Array) -> jax.Array:
     q_BTNH, k_BTKH, v_BTKH = self.project_qkv(x_BTD, positions_BT)
-    kernel = KERNELS[self.cfg.attention_impl]
+    kernel = functools.partial(tree_attention, impl=self.cfg.attention_impl)
     o_BTNH = per_shard(kernel, q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, block=self.cfg.attention_block)
     return self.project_out(constrain(o_BTNH, ("batch", "length", "heads", "head_dim")))

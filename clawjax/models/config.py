@@ -37,19 +37,19 @@ class ModelConfig:
     rope_theta: RoPE base. rms_eps: RMSNorm epsilon. tie_embeddings: lm_head shares the embedding.
     qk_norm: Qwen3's per-head RMSNorm on q and k before RoPE.
     n_experts, top_k, moe_mlp_dim, norm_topk_prob: Qwen3-MoE router and expert sizes (n_experts=0: dense).
-      The experts run as grouped matmuls (clawjax/models/grouped_matmul.py), split over the mesh's
+      The experts run as grouped matmuls (clawjax/kernels/grouped_matmul/), split over the mesh's
       `expert` axis when it is > 1 (`clawjax.sharding.MeshConfig` says when to set it).
     moe_layer_step, mlp_only_layers: which layers are MoE (HF decoder_sparse_step / mlp_only_layers).
     max_position_embeddings, bos_token_id, eos_token_id: carried through HF configs only.
     dtype: compute dtype of activations. param_dtype: storage dtype of parameters.
-    attention_impl: a kernel registered in clawjax/models/attention.py: "dense" (reference, materialises
+    attention_impl: a kernel registered in clawjax/kernels/tree_attention/: "dense" (reference, materialises
       [T, T] scores on device), "blocked" (online softmax over key blocks, memory O(T * attention_block))
       or "pallas" (the same as a block-sparse Pallas kernel, chosen when the step is lowered: Mosaic on
       TPU, Triton on a CUDA GPU, interpret mode elsewhere; a config runs unchanged on either).
     attention_block: query/key block length of the blocked and pallas kernels (default 512: large enough to keep
       matmuls efficient, small enough that 64K-token rows fit; not a published value). On a CUDA GPU the
       pallas kernel tiles at min(attention_block, 64) rounded down to a power of two (Triton tiles are
-      register-sized; clawjax/models/pallas_gpu_attention.py says why 64).
+      register-sized; clawjax/kernels/tree_attention/triton_gpu.py says why 64).
     remat: recompute each layer's activations in the backward pass (saves memory, costs ~1/3 more FLOPs).
     remat_policy: with remat, the `jax.checkpoint_policies` entry that says which of a layer's
       intermediates are saved rather than recomputed (one of REMAT_POLICIES). Default "nothing_saveable":

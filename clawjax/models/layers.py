@@ -1,5 +1,6 @@
 """Small building blocks of the decoder: parameters with logical axes, RMSNorm, RoPE, SwiGLU MLP, and the
-float32-output matmul of the vocab projection and attention scores (`einsum_f32`).
+float32-output matmul of the vocab projection and attention scores (`einsum_f32`, defined with the kernels
+in clawjax/kernels/precision.py, which the engine reaches through here).
 
 Every parameter carries NNX `out_sharding` metadata with *logical* axis names ("vocab", "embed", "mlp",
 "heads", "kv_heads", "head_dim", "expert"); clawjax/sharding.py maps them to mesh axes. Eager sharding is
@@ -9,7 +10,6 @@ Activations are annotated with `constrain` ("batch", "length" and the parameters
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import jax
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.core import spmd
 
+from clawjax.kernels.precision import einsum_f32  # pylint: disable=unused-import
 from clawjax.models.config import ModelConfig
 from clawjax.sharding import logical_to_mesh
 
@@ -46,31 +47,6 @@ def constrain(x: jax.Array, axes: LogicalAxes) -> jax.Array:
   if not rules or mesh.empty:
     return x
   return jax.lax.with_sharding_constraint(x, logical_to_mesh(axes, x.shape, mesh, rules))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-  """`jnp.einsum(spec, a, b)` accumulated and returned in float32 (logits and attention scores need it),
-  whose backward multiplies in the inputs' dtype, as mixed-precision training does: with
-  `preferred_element_type=float32` alone, the float32 cotangent would make both gradient matmuls float32
-  (bf16 inputs converted up), which on a GPU runs at half the bf16 rate with twice the bytes: the vocab
-  projection's weight and input gradients, and the attention backward's dQ and dK. Here the cotangent is
-  rounded to the inputs' dtype first; the gradient matmuls accumulate in float32 inside and return that
-  dtype. With float32 inputs it is the plain einsum, gradients included."""
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-
-
-def _einsum_f32_fwd(spec: str, a: jax.Array, b: jax.Array):
-  return einsum_f32(spec, a, b), (a, b)
-
-
-def _einsum_f32_bwd(spec: str, residuals, g: jax.Array):
-  a, b = residuals
-  _, vjp = jax.vjp(functools.partial(jnp.einsum, spec), a, b)
-  return vjp(g.astype(jnp.result_type(a, b)))
-
-
-einsum_f32.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
 class RMSNorm(nnx.Module):

@@ -1,6 +1,6 @@
 """Qwen3-MoE sparse block: top-k token-choice router (softmax in float32, optional renormalisation of the
 top-k probabilities) over SwiGLU experts, computed with sorted grouped matmuls
-(clawjax/models/grouped_matmul.py: megablox on TPU, Mosaic GPU on Hopper, `lax.ragged_dot` elsewhere):
+(clawjax/kernels/grouped_matmul/: megablox on TPU, Mosaic GPU on Hopper, `lax.ragged_dot` elsewhere):
 each (token, choice) pair is sorted by expert, so the work is top_k expert MLPs per token, not n_experts,
 and nothing of size tokens x experts x MLP is ever formed. No capacity limit and no token dropping, so the
 output equals HF's per-expert loop exactly.
@@ -25,8 +25,8 @@ from flax import nnx
 from flax.core import spmd
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
+from clawjax.kernels.grouped_matmul import grouped_matmul
 from clawjax.models.config import ModelConfig
-from clawjax.models.grouped_matmul import grouped_matmul
 from clawjax.models.layers import param
 from clawjax.sharding import logical_to_mesh
 

@@ -13,8 +13,10 @@ Two layouts share this one record type:
   `unique_tokens`.
 
 Attention rule, the same in both layouts: query i may attend to key j iff
-  segment_ids[i] == segment_ids[j] != 0  and  j <= i < subtree_end[j].
-(In the paths layout subtree_end[j] is the end of j's segment, which makes the rule causal.)
+  segment_ids[i] == segment_ids[j] > 0  and  j <= i < subtree_end[j].
+(In the paths layout subtree_end[j] is the end of j's segment, which makes the rule causal.) Segment ids
+are 1, 2, ... for the row's segments and 0 for padding; a negative id is refused here, and every attention
+implementation reads one as padding (clawjax/kernels/tree_attention/mask.py).
 
 Prediction rule: the logits at position parent_index[i] predict token i (-1: nothing predicts it, as
 for a segment's first token and padding). In the tree layout that is the token's tree parent, which at a
@@ -52,7 +54,7 @@ class PackedBatch:
   positions_RT: np.ndarray        # int32 depth in the tree (root token = 0): the RoPE position
   parent_index_RT: np.ndarray     # int32 index in the row of the token whose logits predict this one; -1
   subtree_end_RT: np.ndarray      # int32 exclusive end of the token's subtree (padding: i + 1)
-  segment_ids_RT: np.ndarray      # int32 1.. per tree or merged group (tree layout) or path; 0 = padding
+  segment_ids_RT: np.ndarray      # int32 1.. per tree or merged group (tree layout) or path; 0 = padding; never < 0
   unique_weight_RT: np.ndarray    # float32, see the module docstring
   path_weight_RT: np.ndarray      # float32, see the module docstring
   rollout_logprobs_RT: np.ndarray  # float32 engine log-prob of each sampled token; 0 elsewhere
@@ -69,6 +71,12 @@ class PackedBatch:
   # no packed rollout logged routes.
   routes_RTLK: np.ndarray | None = None
   routed_RT: np.ndarray | None = None
+
+  def __post_init__(self):
+    if np.size(self.segment_ids_RT) and np.min(self.segment_ids_RT) < 0:
+      row, col = (int(i[0]) for i in np.nonzero(np.asarray(self.segment_ids_RT) < 0))
+      raise ValueError(f"PackedBatch.segment_ids_RT: negative segment id {int(self.segment_ids_RT[row, col])} at "
+                       f"row {row}, position {col} (segments are 1, 2, ...; padding is 0)")
 
   @property
   def shape(self) -> tuple[int, int]:

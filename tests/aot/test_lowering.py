@@ -12,7 +12,7 @@ from clawjax.aot import lowering, topology
 from clawjax.aot.report import compile_report
 from clawjax.aot.spec import StepSpec
 from clawjax.config import ConfigError
-from clawjax.models import attention
+from clawjax.kernels import tree_attention as attention
 from clawjax.models.config import PRESETS
 from clawjax.rl.config import LearnerConfig
 

@@ -1,17 +1,30 @@
-"""scripts/device_check.sh --small: the accelerator check's CPU run (tiny presets, short rows) writes a JSON
-per part as it goes and device_check.json after each part, every part accounted for, with sane numbers;
-parts past the deadline are recorded as skipped. And scripts/sglang_check.py's client flow against
-clawjax's engine server, which speaks SGLang's API."""
+"""scripts/device_check.sh --small: the accelerator check's CPU run (tiny presets, short rows) leaves its
+report and one archive of the parts' files, every part accounted for, with sane numbers; parts past the
+deadline are recorded as skipped; the budgets fit one command on a lent machine; a learner step records its
+compile and first step as soon as each is known; the peer's long row is sized to the device's memory. And
+scripts/sglang_check.py's client flow against clawjax's engine server, which speaks SGLang's API."""
 import json
 import math
 import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
+from clawjax.models.config import preset
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import device_check  # noqa: E402  pylint: disable=wrong-import-position
+import torch_peer  # noqa: E402  pylint: disable=wrong-import-position
+
+# The CPU run's own deadline, not the GPU's 505 s for all eleven parts: these took 333 s on a loaded 2-core
+# machine, two of them over 240 s each at a load of 20.
+CPU_DEADLINE_S = 1500
 
 
 # Every part but the two that time learner_8k's step again with other settings (`variants_8k`: other
@@ -22,22 +35,29 @@ SMALL_PARTS = ["environment", "kernels", "learner_8k", "torch_8k", "moe_8k", "le
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(CPU_DEADLINE_S + 400)  # past pytest.ini's 900 s: the run's own deadline and a margin
 def test_small_check_writes_every_part(tmp_path):
   out = tmp_path / "check"
   env = dict(os.environ, PYTHON=sys.executable, PYTHONPATH=str(ROOT))
   proc = subprocess.run(["bash", str(ROOT / "scripts" / "device_check.sh"), "--small", "--out", str(out),
-                         "--parts", *SMALL_PARTS], capture_output=True, text=True, timeout=1500, env=env)
+                         "--deadline-s", str(CPU_DEADLINE_S), "--parts", *SMALL_PARTS], capture_output=True,
+                        text=True, timeout=CPU_DEADLINE_S + 300, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  assert sorted(p.name for p in out.iterdir()) == ["device_check.json", "parts.tar.gz"]  # a report and one archive
   report = json.loads((out / "device_check.json").read_text())
   parts = report["parts"]
-  assert report["small"] is True and report["wall_s"] > 0
+  assert report["small"] is True and report["wall_s"] > 0 and report["deadline_s"] == CPU_DEADLINE_S
   assert list(parts) == SMALL_PARTS
   assert {name: p["status"] for name, p in parts.items()} == {name: "ok" for name in parts}, parts
   results = {name: p["result"] for name, p in parts.items()}
-  # Each part's own file holds what the report holds.
-  for name, result in results.items():
-    assert json.loads((out / f"{name}.json").read_text()) == result
+  # Each part's own file, in the archive with its log, holds what the report holds.
+  with tarfile.open(out / "parts.tar.gz") as archive:
+    assert sorted(archive.getnames()) == sorted(f"parts/{n}.{x}" for n in SMALL_PARTS for x in ("json", "log"))
+    for name, result in results.items():
+      assert json.loads(archive.extractfile(f"parts/{name}.json").read()) == result
   assert results["environment"]["python"]["version"]
+  peer_packages = results["environment"]["peer_packages"]
+  assert peer_packages["torch"] and peer_packages["transformers"] and set(device_check.PEER_PACKAGES) == set(peer_packages)
 
   # The kernel checked against dense float32 attention: float32 close, bf16 within its rounding.
   attention = results["kernels"]["attention"]
@@ -50,13 +70,14 @@ def test_small_check_writes_every_part(tmp_path):
   for name in ("learner_8k", "learner_32k", "moe_8k"):
     tree = results[name]["tree"]
     assert tree["step_s"] > 0 and tree["tokens"] > 0 and tree["flops"] > 0 and math.isfinite(tree["loss"])
+    assert tree["first_step_s"] > tree["compile_s"]["xla_s"] > 0
     assert tree["mfu"] is None  # the CPU: no peak to measure against, FLOP/s still reported
   tree, paths = results["learner_8k"]["tree"], results["learner_8k"]["paths"]
   assert paths["tokens"] > tree["tokens"] and paths["rows"] > tree["rows"] == 1 and paths["flops"] > tree["flops"]
   for name in ("torch_8k", "torch_32k"):
     peer = results[name]
     assert peer["tokens_per_s"] > 0 and peer["flops"] > 0 and peer["device"] == "cpu"
-  assert results["torch_32k"]["row_len"] == 2 * results["torch_8k"]["row_len"]
+  assert results["torch_32k"]["row_len"] == 2 * results["torch_8k"]["row_len"] == results["torch_32k"]["requested_row_len"]
 
   summary = report["summary"]
   for label in ("8k", "32k"):
@@ -74,8 +95,6 @@ def test_small_check_writes_every_part(tmp_path):
 def test_the_variant_parts_time_the_same_step(tmp_path, monkeypatch):
   """variants_8k and cublas_8k: learner_8k's tree step with other kernels, remat off, a compiler flag;
   their timings stand in for compiles here (the step is the same function as learner_8k's)."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import device_check  # pylint: disable=import-outside-toplevel
   steps = []
   monkeypatch.setattr(device_check, "timed_step", lambda cfg, batch, **kw: steps.append((cfg, batch, kw)) or {})
   rec = device_check.Recorder(tmp_path / "v.json")
@@ -101,15 +120,61 @@ def test_parts_past_the_deadline_are_recorded_as_skipped(tmp_path):
   assert parts["learner_8k"]["reason"] == "out of time"
 
 
+def test_the_budgets_fit_one_command_slowest_to_matter_last():
+  """The default deadline is the parts' budgets added up, and with the margin for the wheels, starting and
+  packing it fits one 10-minute command on a lent machine; the diagnostic parts run last."""
+  assert device_check.DEADLINE_S == sum(device_check.BUDGET_S.values())
+  assert device_check.DEADLINE_S + device_check.MARGIN_S <= device_check.COMMAND_S == 600
+  assert device_check.PARTS[:3] == ("environment", "kernels", "learner_8k")
+  assert device_check.PARTS[-3:] == ("profile_8k", "cublas_8k", "variants_8k")
+
+
 def test_a_part_cut_off_keeps_what_it_recorded(tmp_path):
   """A part killed at its time limit: its figures so far are in the report, its status says timeout."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import device_check  # pylint: disable=import-outside-toplevel
   (tmp_path / "learner_8k.json").write_text(json.dumps({"tree": {"step_s": 1.0}}))
-  args = device_check.argparse.Namespace(out=str(tmp_path), small=True, cache_dir=str(tmp_path / "cache"))
+  args = device_check.argparse.Namespace(work=str(tmp_path), small=True, cache_dir=str(tmp_path / "cache"))
   # A budget too short for the part's child to finish: it is killed, and the file it had written survives.
   record = device_check._run_part("learner_8k", args, budget_s=0.5)
   assert record["status"] == "timeout" and record["result"] == {"tree": {"step_s": 1.0}}
+  assert (tmp_path / "learner_8k.log").exists()
+
+
+def test_a_learner_step_records_its_compile_and_first_step_as_each_is_known(tmp_path, monkeypatch):
+  """What a learner part writes while it runs: the compile's seconds once XLA has compiled the step (before
+  the step has run), then the first step's, then the timed steps: a part cut off by its limit keeps each.
+  (Every compile counts as long here: the tiny step may compile in under the GPU's second.)"""
+  monkeypatch.setattr(device_check.CompileClock, "LONG_S", 0.0)
+  cfg = device_check._model_cfg(True)
+  tree, _ = device_check._group(512, 2, seed=512)
+  rec = device_check.Recorder(tmp_path / "learner_8k.json")
+  seen = []
+  put = rec.put
+  rec.put = lambda **items: seen.append(json.loads(json.dumps(items["tree"]))) or put(**items)
+  device_check._timed_into(rec, "tree", cfg, tree, micro_batches=1, repeats=1, small=True)
+  compiled = next(i for i, f in enumerate(seen) if "compile_s" in f)
+  first = next(i for i, f in enumerate(seen) if "first_step_s" in f)
+  assert compiled < first and "step_s" not in seen[first] and seen[first - 1]["compile_s"]["xla_s"] > 0
+  assert seen[first]["compile_s"]["xla_s"] >= seen[first - 1]["compile_s"]["xla_s"]
+  assert seen[-1]["step_s"] > 0 and json.loads((tmp_path / "learner_8k.json").read_text())["tree"] == seen[-1]
+
+
+def test_the_peers_long_row_is_sized_to_the_device_or_skipped(tmp_path, monkeypatch):
+  """torch_32k: the peer's 32K step (Qwen3-8B x 4) needs more than an H100's 80 GB, f32 log-probs over
+  32,767 x 151,936 alone being 19.9 GB: it runs at the longest row that fits; on an H200 at 32K; on a
+  device too small for any row it is skipped with the reason."""
+  cfg = preset("qwen3-8b", n_layers=4)
+  assert 32_767 * cfg.vocab_size * 4 / 1e9 == pytest.approx(19.9, abs=0.05)
+  h100, h200 = 80 * 2 ** 30, 141 * 10 ** 9
+  assert torch_peer.step_bytes(cfg, 32_768) > 0.9 * h100
+  sized = torch_peer.fitting_row_len(cfg, 32_768, h100)
+  assert 8192 <= sized < 32_768 and sized % 1024 == 0
+  assert torch_peer.step_bytes(cfg, sized) <= 0.9 * h100 < torch_peer.step_bytes(cfg, sized + 1024)
+  assert torch_peer.fitting_row_len(cfg, 32_768, h200) == 32_768
+  monkeypatch.setattr(torch_peer, "device_memory_bytes", lambda: 2 ** 20)
+  monkeypatch.setattr(torch_peer, "peer_step", lambda *a, **kw: pytest.fail("a skipped part ran the peer"))
+  rec = device_check.Recorder(tmp_path / "torch_32k.json")
+  device_check.part_torch_32k(rec, small=True)
+  assert rec.data["skipped"].startswith("the peer's step needs ~") and rec.data["requested_row_len"] == 1024
 
 
 @pytest.mark.slow
@@ -117,7 +182,6 @@ def test_the_sglang_check_against_an_engine_that_speaks_sglangs_api(tmp_path, mo
   """scripts/sglang_check.py's client side on the CPU: clawjax's engine server (SGLang's API) in place of
   `sglang.launch_server` and test-tiny in place of qwen3-0.6b; served log-probs, one push, its version, and
   the pushes with a call in flight."""
-  sys.path.insert(0, str(ROOT / "scripts"))
   import sglang_check  # pylint: disable=import-outside-toplevel
   from clawjax.models import loading  # pylint: disable=import-outside-toplevel
   from clawjax.serving.backends import base  # pylint: disable=import-outside-toplevel

@@ -1,6 +1,7 @@
 """Packed batches: attention and prediction rules checked by brute force; tree and paths layouts agree."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -104,6 +105,16 @@ def test_tree_larger_than_a_row_is_a_clear_error():
   assert [[t.rollout_id for t in b] for b in batches] == [["a"], ["b"]]
   for b in batches:
     assert pack_trees(b, scores, row_len=trees[0].size, rows=1).shape == (1, trees[0].size)
+
+
+def test_a_negative_segment_id_is_refused():
+  """Segment ids are 1, 2, ... and 0 for padding: a batch that carries a negative one says where."""
+  trees, scores = _two_trees()
+  b = pack_trees(trees, scores, row_len=64)
+  seg = b.segment_ids_RT.copy()
+  seg[0, 3] = -1
+  with pytest.raises(ValueError, match=r"^PackedBatch.segment_ids_RT: negative segment id -1 at row 0, position 3 "):
+    dataclasses.replace(b, segment_ids_RT=seg)
 
 
 def test_first_fit_decreasing_matches_brute_force_bins():

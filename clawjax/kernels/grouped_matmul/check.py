@@ -1,21 +1,23 @@
-"""A grouped-matmul kernel (clawjax/models/grouped_matmul.py) against float64 brute force, a loop over the
-groups in NumPy, and against `lax.ragged_dot` run on the same device: the output and both gradients, on
-small shapes that reach every edge: empty groups, groups that start and end inside a tile, rows outside
-every group (NaN in x there, which must reach nothing), dimensions that are no multiple of a tile.
+"""A grouped-matmul kernel (dispatch.py) against float64 brute force, a loop over the groups in NumPy, and
+against `lax.ragged_dot` (reference.py) run on the same device: the output and both gradients, on small
+shapes that reach every edge: empty groups, groups that start and end inside a tile, rows outside every
+group (NaN in x there, which must reach nothing), dimensions that are no multiple of a tile.
 
-On a Hopper GPU: `max_errors("mosaic_gpu", jax.devices("gpu")[0])`; on CPU the tests run the TPU kernels
-in interpret mode through it.
+`device_errors()`: the kernel of JAX's default device (what scripts/device_check.py's `kernels` part
+runs); `max_errors(kernel, device)` any one, e.g. `max_errors("mosaic_gpu", jax.devices("gpu")[0])`. On CPU
+the tests run the TPU kernels in interpret mode through it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from clawjax.models.grouped_matmul import grouped_matmul, takes
+from clawjax.kernels.grouped_matmul.dispatch import grouped_matmul, takes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +94,16 @@ def max_errors(kernel: str, device: jax.Device | None = None, seed: int = 0) -> 
       errors[f"gap_{name}"] = float(np.max(np.abs(g - r)) / scale)
     out[case.name] = errors
   return out
+
+
+def platform_kernel(device: jax.Device) -> str:
+  """The kernel `grouped_matmul` runs on `device` in 16 bits; elsewhere than a GPU or TPU, megablox in the
+  Pallas interpreter (what runs there is `lax.ragged_dot`, the reference itself)."""
+  return {"gpu": "mosaic_gpu", "tpu": "megablox"}.get(device.platform, "megablox_interpret")
+
+
+def device_errors() -> dict[str, Any]:
+  """`max_errors` of `platform_kernel` on JAX's default device, named under "kernel"."""
+  device = jax.devices()[0]
+  kernel = platform_kernel(device)
+  return {"kernel": kernel, **max_errors(kernel, device)}

@@ -1,8 +1,11 @@
 """Grouped matmuls: the TPU kernels (megablox, in Pallas interpret mode) and `lax.ragged_dot` equal float64
-brute force, output and gradients, on the shapes of clawjax/models/grouped_matmul_check.py (empty groups,
+brute force, output and gradients, on the shapes of clawjax/kernels/grouped_matmul/check.py (empty groups,
 groups inside tiles, NaN rows outside every group, dimensions off the tiles); and the step lowered for a
 TPU or a GPU from this host gets that platform's kernel, with no XLA ragged dot left."""
 from __future__ import annotations
+
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +13,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from clawjax.models.grouped_matmul import grouped_matmul
-from clawjax.models.grouped_matmul_check import CASES, Case, max_errors
+from clawjax.kernels.grouped_matmul import grouped_matmul
+from clawjax.kernels.grouped_matmul.check import CASES, Case, max_errors
 from tests.aot import devices_or_skip
 
 # Relative to the largest float64 value: float32 rounding, and bfloat16's (the output's rounding, 2^-9).
@@ -25,6 +28,21 @@ def test_kernel_equals_float64_brute_force(kernel):
     for name, value in errors[case.name].items():
       if name.startswith("kernel_"):
         assert value <= _BOUND[case.dtype], (case.name, name, value)  # a NaN fails too
+
+
+@pytest.mark.slow
+def test_benchmark_times_each_kernel_beside_its_check():
+  """benchmarks/grouped_matmul_kernels.py at toy size on the CPU: the TPU kernel in the interpreter and
+  `lax.ragged_dot` each timed, each with its check's errors (what it reports on a GPU or TPU)."""
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+  import grouped_matmul_kernels  # pylint: disable=import-outside-toplevel
+  out = grouped_matmul_kernels.main(["--json", "--tokens", "32", "--top-k", "2", "--k", "128", "--n", "128",
+                                     "--experts", "4", "--repeats", "1"])
+  assert out["rows"] == 64
+  for kernel in ("megablox_interpret", "xla"):
+    assert out[kernel]["step_s"] > 0 and out[kernel]["tflops_per_s"] > 0
+    assert set(out[kernel]["errors"]) == {case.name for case in CASES}
+    assert out[kernel]["errors"]["ragged_bf16"]["kernel_dx"] <= _BOUND["bfloat16"]
 
 
 def test_unknown_kernel_is_named():

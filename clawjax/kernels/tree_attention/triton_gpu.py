@@ -1,7 +1,7 @@
 """Tree attention on a CUDA GPU: the block-sparse flash-attention kernel through Pallas's Triton lowering
-(`pallas_attention` picks it when lowering for CUDA).
+(dispatch.py picks it when lowering for CUDA).
 
-Same contract and mask rule as `attention.dense_attention`, and the same lists of visible blocks as the
+Same contract and mask rule as `reference.dense_attention`, and the same lists of visible blocks as the
 TPU kernel (block_sparse.py). Triton has no scalar prefetch, and a BlockSpec's index map cannot read an
 array, so a program is given whole rows: its row's keys and values (one KV head), segment ids, subtree
 ends and its block's list, and walks the list with a loop bounded by the list's count, loading each
@@ -41,10 +41,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from clawjax.models.block_sparse import VisibleLists, pad_to_block, tile_mask, visible_lists
+from clawjax.kernels.tree_attention.block_sparse import VisibleLists, pad_to_block, visible_lists
+from clawjax.kernels.tree_attention.mask import visible as mask_rule
+from clawjax.kernels.tree_attention.online_softmax import NEG as _NEG
 
 GPU_BLOCK = 64
-_NEG = -1e30  # finite "minus infinity", as in attention.py: fully masked rows stay free of NaN
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 _LOG2E = math.log2(math.e)
@@ -62,7 +63,7 @@ def _block(ref, index, block: int):
 def _mask(seg_ref, end_ref, qi, kj, block: int) -> jax.Array:
   """[Q, K] bool: the mask rule on the tile of query block qi and key block kj of the program's row."""
   offsets = jnp.arange(block, dtype=jnp.int32)
-  return tile_mask(_block(seg_ref, qi, block)[:, None], (qi * block + offsets)[:, None],
+  return mask_rule(_block(seg_ref, qi, block)[:, None], (qi * block + offsets)[:, None],
                    _block(seg_ref, kj, block)[None, :], (kj * block + offsets)[None, :],
                    _block(end_ref, kj, block)[None, :])
 
@@ -239,7 +240,7 @@ def tile(block: int, cap: int = GPU_BLOCK) -> int:
 
 def gpu_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int = GPU_BLOCK,
                   interpret: bool = False) -> jax.Array:
-  """The kernel contract of `attention.dense_attention`. `block`: query and key block, a power of two
+  """The kernel contract of `reference.dense_attention`. `block`: query and key block, a power of two
   >= 16 (`tile`). `interpret`: Pallas interpret mode (any backend) instead of Triton (CUDA only). A head
   dimension other than a power of two >= 16 is zero-padded to one (Triton's tiles again)."""
   if tile(block, block) != block:

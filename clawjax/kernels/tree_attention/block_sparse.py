@@ -5,8 +5,7 @@ some real key of kj has subtree_end > qi * block (a key's subtree never leaves i
 test adds nothing at block granularity). That table is computed on device per row and compacted into, for
 every (row, query block), the list of visible key blocks and its length, and transposed, for every
 (row, key block), the list of query blocks that see it: a kernel walks a list, so an invisible block is
-neither loaded nor computed. Inside a visible tile the mask rule of `attention.tree_mask` applies
-(`tile_mask`).
+neither loaded nor computed. Inside a visible tile the kernels apply the mask rule of mask.py.
 """
 
 from __future__ import annotations
@@ -16,13 +15,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from clawjax.kernels.tree_attention.mask import real
+
 
 def block_table(segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int) -> jax.Array:
   """[B, nq, nq] bool: can any query of block qi see any key of block kj? T must be a multiple of block.
   Exact up to the segment test, which a key's subtree (inside its own tree) already implies."""
   b, t = segment_ids_BT.shape
   nb = t // block
-  reach_BT = jnp.where(segment_ids_BT > 0, subtree_end_BT, 0)
+  reach_BT = jnp.where(real(segment_ids_BT), subtree_end_BT, 0)
   reach_Bk = jnp.max(reach_BT.reshape(b, nb, block), axis=2)  # furthest query any key of the block reaches
   blocks = jnp.arange(nb)
   q_1q1, k_11k = blocks[None, :, None], blocks[None, None, :]
@@ -54,12 +55,6 @@ class VisibleLists:
 def visible_lists(segment_ids_BT: jax.Array, subtree_end_BT: jax.Array, block: int) -> VisibleLists:
   table_Bqk = block_table(segment_ids_BT, subtree_end_BT, block)
   return VisibleLists(*compact(table_Bqk), *compact(table_Bqk.swapaxes(1, 2)))
-
-
-def tile_mask(q_seg_Q1, q_index_Q1, k_seg_1K, k_index_1K, k_end_1K) -> jax.Array:
-  """[Q, K] bool: the mask rule on one (query block, key block) tile, from a column of query segment ids
-  and row indices and rows of key segment ids, row indices and subtree ends."""
-  return (q_seg_Q1 == k_seg_1K) & (q_seg_Q1 != 0) & (k_index_1K <= q_index_Q1) & (q_index_Q1 < k_end_1K)
 
 
 def pallas_attention_flops(visible_blocks: int | jax.Array, block: int, head_dim: int, n_heads: int,

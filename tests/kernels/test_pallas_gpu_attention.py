@@ -10,12 +10,12 @@ import pytest
 
 from clawjax.aot import lowering, topology
 from clawjax.config import ConfigError
-from clawjax.models import attention, pallas_attention
-from clawjax.models.pallas_gpu_attention import gpu_attention, tile
+from clawjax.kernels.tree_attention import KERNELS, block_sparse
+from clawjax.kernels.tree_attention.triton_gpu import gpu_attention, tile
 
 from tests.models.helpers import rel_err
-from tests.models.test_pallas_attention import tree_rows
-from tests.models.test_tree_attention import random_qkv
+from tests.kernels.test_pallas_attention import tree_rows
+from tests.kernels.test_tree_attention import random_qkv
 
 
 def brute_force_vjp(q, k, v, seg, end, do):
@@ -51,7 +51,7 @@ def test_forward_and_gradients_match_float64_brute_force(dtype, tol, h):
   must be exactly 0."""
   t, block = 150, 32
   seg, end = tree_rows(2, t)
-  table = np.asarray(pallas_attention.block_table(*(jnp.pad(x, ((0, 0), (0, -t % block))) for x in (seg, end)),
+  table = np.asarray(block_sparse.block_table(*(jnp.pad(x, ((0, 0), (0, -t % block))) for x in (seg, end)),
                                                   block))
   causal = np.tril(np.ones(table.shape[1:], bool))
   assert 0 < table.sum() < (table.shape[0] - 1) * causal.sum()  # several blocks; some causal ones invisible
@@ -106,7 +106,7 @@ def test_compiles_for_h200_as_triton(head_dim):
           *[jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=one)] * 2)
 
   def loss(*a):
-    return jnp.sum(attention.KERNELS["pallas"](*a, block=512).astype(jnp.float32) ** 2)
+    return jnp.sum(KERNELS["pallas"](*a, block=512).astype(jnp.float32) ** 2)
 
   with topology.lowering_for(device):
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()

@@ -1,7 +1,7 @@
-"""Tree attention on TPU: the block-sparse flash-attention kernel as Mosaic (`pallas_attention` picks it
-when lowering for TPU, and runs it in Pallas interpret mode on a CPU).
+"""Tree attention on TPU: the block-sparse flash-attention kernel as Mosaic (dispatch.py picks it when
+lowering for TPU, and runs it in Pallas interpret mode on a CPU).
 
-Same contract and mask rule as `attention.dense_attention`. Block sparsity as in block_sparse.py: the
+Same contract and mask rule as `reference.dense_attention`. Block sparsity as in block_sparse.py: the
 lists of visible blocks are scalar-prefetched, so the grid's key axis walks a list: index maps fetch only
 visible blocks, and a step past the list's end repeats the last block index (no new DMA) and skips its
 body. The backward pass walks the transposed lists (visible query blocks per key block) for dK/dV and the
@@ -27,9 +27,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from clawjax.models.block_sparse import pad_to_block, tile_mask, visible_lists
-
-_NEG = -1e30  # finite "minus infinity", as in attention.py: fully masked rows stay free of NaN
+from clawjax.kernels.tree_attention.block_sparse import pad_to_block, visible_lists
+from clawjax.kernels.tree_attention.mask import visible as mask_rule
+from clawjax.kernels.tree_attention.online_softmax import NEG as _NEG
 _NT = (((1,), (1,)), ((), ()))  # a @ b.T
 _TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
@@ -50,7 +50,7 @@ def _mask(q_seg_1Q, q_start, k_seg_1K, k_end_1K, k_start) -> jax.Array:
   q_seg_Q1 = _column(q_seg_1Q).astype(jnp.int32)
   q_index_Q1 = q_start + jax.lax.broadcasted_iota(jnp.int32, q_seg_Q1.shape, 0)
   k_index_1K = k_start + jax.lax.broadcasted_iota(jnp.int32, k_seg_1K.shape, 1)
-  return tile_mask(q_seg_Q1, q_index_Q1, k_seg_1K, k_index_1K, k_end_1K)
+  return mask_rule(q_seg_Q1, q_index_Q1, k_seg_1K, k_index_1K, k_end_1K)
 
 
 def _walk(list_ref, count_ref, seg_refs, *, block: int, nq: int, outer_is_query: bool, init, visible,
@@ -271,7 +271,7 @@ _attend.defvjp(_attend_fwd, _attend_bwd)
 
 def tpu_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, subtree_end_BT, *, block: int,
                   interpret: bool) -> jax.Array:
-  """The kernel contract of `attention.dense_attention`. `block`: query and key block (a multiple of 128
+  """The kernel contract of `reference.dense_attention`. `block`: query and key block (a multiple of 128
   for Mosaic; small blocks are fine in interpret mode). `interpret`: Pallas interpret mode (any backend)
   instead of Mosaic (TPU only)."""
   b, t, n, h = q_BTNH.shape

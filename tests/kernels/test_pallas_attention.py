@@ -12,12 +12,15 @@ import pytest
 from flax import nnx
 
 from clawjax import sharding
-from clawjax.models import attention, pallas_attention
+from clawjax.kernels.tree_attention import KERNELS, block_sparse
+from clawjax.kernels.tree_attention.mask import tree_mask
+from clawjax.kernels.tree_attention.reference import dense_attention
+from clawjax.models.attention import per_shard
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder
 
 from tests.models.helpers import forward, rel_err
-from tests.models.test_tree_attention import packed_rows, random_qkv
+from tests.kernels.test_tree_attention import packed_rows, random_qkv
 
 
 def tree_rows(seed: int, length: int, trees_per_row=(4, 6)) -> tuple[jax.Array, jax.Array]:
@@ -31,7 +34,7 @@ def tree_rows(seed: int, length: int, trees_per_row=(4, 6)) -> tuple[jax.Array, 
 def test_kernel_is_a_pallas_call():
   seg, end = tree_rows(0, 40)
   q, k, v = random_qkv(0, 3, 40)
-  jaxpr = jax.make_jaxpr(functools.partial(attention.KERNELS["pallas"], block=16))(q, k, v, seg, end)
+  jaxpr = jax.make_jaxpr(functools.partial(KERNELS["pallas"], block=16))(q, k, v, seg, end)
   assert "pallas_call" in str(jaxpr)
 
 
@@ -40,13 +43,13 @@ def test_block_table_is_the_mask_per_block():
   lists walk them in order and then repeat the last one."""
   block, t = 8, 64
   seg, end = tree_rows(1, t)
-  mask_BTT = np.asarray(attention.tree_mask(jnp.broadcast_to(jnp.arange(t), seg.shape), seg, seg, end))
+  mask_BTT = np.asarray(tree_mask(jnp.broadcast_to(jnp.arange(t), seg.shape), seg, seg, end))
   nb = t // block
   expected = mask_BTT.reshape(-1, nb, block, nb, block).any(axis=(2, 4))
-  table = np.asarray(pallas_attention.block_table(seg, end, block))
+  table = np.asarray(block_sparse.block_table(seg, end, block))
   np.testing.assert_array_equal(table, expected)
   assert 0 < table.sum() < table.size / 2  # the trees leave most blocks invisible
-  lists, counts = (np.asarray(x) for x in pallas_attention.compact(jnp.asarray(table)))
+  lists, counts = (np.asarray(x) for x in block_sparse.compact(jnp.asarray(table)))
   for r in range(table.shape[0]):
     for qi in range(nb):
       visible = np.flatnonzero(table[r, qi])
@@ -67,8 +70,8 @@ def test_forward_and_gradients_match_dense(dtype, tol):
   def loss(kernel, q, k, v):
     return jnp.sum(kernel(q, k, v, seg, end).astype(jnp.float32) * cotangent)
 
-  pallas = functools.partial(attention.KERNELS["pallas"], block=32)
-  dense = functools.partial(attention.dense_attention, block=0)
+  pallas = functools.partial(KERNELS["pallas"], block=32)
+  dense = functools.partial(dense_attention, block=0)
   out = jax.jit(pallas)(q, k, v, seg, end)
   grads = jax.jit(jax.grad(functools.partial(loss, pallas), argnums=(0, 1, 2)))(q, k, v)
   f32 = [x.astype(jnp.float32) for x in (q, k, v)]
@@ -90,8 +93,8 @@ def test_per_shard_under_mesh_matches_dense():
   q, k, v = random_qkv(6, 4, t, n=4, kv=2, h=8)
 
   def loss(impl, q, k, v):
-    kernel = attention.KERNELS[impl]
-    return jnp.sum(attention.per_shard(kernel, q, k, v, seg, end, block=16) ** 2)
+    kernel = KERNELS[impl]
+    return jnp.sum(per_shard(kernel, q, k, v, seg, end, block=16) ** 2)
 
   fn = jax.jit(sharding.under_mesh(jax.value_and_grad(functools.partial(loss, "pallas"), argnums=(0, 1, 2)), mesh))
   # Placed on the mesh as the learner places its batches (a jit of single-device inputs is one partition).
@@ -129,10 +132,10 @@ def test_compiles_for_tpu_under_the_learner_mesh(monkeypatch):
           *[jax.ShapeDtypeStruct((b, t), jnp.int32, sharding=spec("data"))] * 2)
 
   def loss(q, k, v, seg, end):
-    o = attention.per_shard(attention.KERNELS["pallas"], q, k, v, seg, end, block=128)
+    o = per_shard(KERNELS["pallas"], q, k, v, seg, end, block=128)
     return jnp.sum(o.astype(jnp.float32) ** 2)
 
-  fwd = jax.jit(sharding.under_mesh(lambda *a: attention.per_shard(attention.KERNELS["pallas"], *a, block=128), mesh))
+  fwd = jax.jit(sharding.under_mesh(lambda *a: per_shard(KERNELS["pallas"], *a, block=128), mesh))
   assert fwd.lower(*args).compile().as_text().count("tpu_custom_call") == 1
   grad = jax.jit(sharding.under_mesh(jax.grad(loss, argnums=(0, 1, 2)), mesh)).lower(*args).compile()
   assert grad.as_text().count("tpu_custom_call") == 3  # forward, dQ, dK/dV
@@ -178,4 +181,4 @@ def test_benchmark_times_each_kernel_on_the_default_device(monkeypatch):
   for impl in ("pallas", "blocked"):  # bf16 inputs; each kernel against dense on this device
     assert out[impl]["rel_err_vs"] == "dense" and max(out[impl]["rel_err"].values()) < 2e-2
   assert out["pallas"]["kernel_block"] == 32 and out["pallas"]["visible_blocks"] > 0
-  assert out["pallas"]["kernel_flops"] == pallas_attention.pallas_attention_flops(out["pallas"]["visible_blocks"], 32, 16, 2)
+  assert out["pallas"]["kernel_flops"] == block_sparse.pallas_attention_flops(out["pallas"]["visible_blocks"], 32, 16, 2)
