@@ -87,27 +87,30 @@ def decode_throughput(model, concurrency: int, new_tokens: int, prompt_len: int,
           **{k: after[k] - before[k] for k in COUNTERS}}
 
 
-# A contender's process: loads the model once, then runs each line it reads: a function of its
-# engine_throughput.py (decode_throughput, prefill_times) and its integer arguments.
+# A contender's process: loads the model once, then runs each line it reads: a function of a benchmark
+# module (engine_throughput.py's decode_throughput, prefill_times) and its integer arguments.
 _CHILD = """
-import json, sys
-sys.path.insert(0, sys.argv[1] + "/benchmarks")
-import engine_throughput
+import importlib, json, sys
+sys.path.insert(0, sys.argv[3])
+bench = importlib.import_module(sys.argv[4])
 from clawjax.models.loading import load_model
 model = load_model(sys.argv[2]).model
 print("ready", flush=True)
 for line in sys.stdin:
   name, *args = line.split()
-  print(json.dumps(getattr(engine_throughput, name)(model, *map(int, args))), flush=True)
+  print(json.dumps(getattr(bench, name)(model, *map(int, args))), flush=True)
 """
 
 
 class EngineProcess:
-  """decode_throughput and prefill_times of the clawjax checkout at `root`, in a process of its own."""
+  """decode_throughput and prefill_times of the clawjax checkout at `root`, in a process of its own; or
+  the functions of `module` from `module_dir` (a benchmark of this checkout) over that checkout's clawjax."""
 
-  def __init__(self, root: pathlib.Path, model: str):
+  def __init__(self, root: pathlib.Path, model: str, module: str = "engine_throughput",
+               module_dir: pathlib.Path | None = None):
     env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-    self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(root), model], stdin=subprocess.PIPE,
+    self.proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(root), model,
+                                  str(module_dir or root / "benchmarks"), module], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, env=env, cwd=root)
     for line in self.proc.stdout:
       if line.strip() == "ready":

@@ -22,8 +22,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TASKS = str(bundled_tasks_dir())
 SFT_DATA = str(ROOT / "clawjax" / "data" / "sft" / "train.jsonl")
 # The smallest valid config of each run: the fields without a default.
-RUNS = {TrainConfig: {"tasks": TASKS}, SFTRunConfig: {"data": {"openai": [SFT_DATA]}, "model": {"init": "test-tiny"},
-                                                     "tensorboard": False},
+# TrainConfig's own default harness (openclaw) needs more context than the embedded engine's default.
+RUNS = {TrainConfig: {"tasks": TASKS, "harnesses": ("mini",)},
+        SFTRunConfig: {"data": {"openai": [SFT_DATA]}, "model": {"init": "test-tiny"}, "tensorboard": False},
         EvalConfig: {"tasks": TASKS, "model": {"init": "test-tiny"}}}
 
 

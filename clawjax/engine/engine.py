@@ -18,6 +18,12 @@ the version its caller names (a trainer names its RL step; a version never goes 
 the version it was admitted under. With update_mode "drain" an update waits until the requests in
 flight finish (no new request is admitted meanwhile); with "abort" the requests in flight end at once
 with finish_reason "abort" and the tokens sampled so far, all from the old version.
+
+A caller may give up at any time: cancelling the future `submit` returned (or the `generate` awaiting it,
+as `asyncio.wait_for` does on its timeout) drops the request at its next step, queued or running: its slot
+is freed (what it wrote stays as a retained prefix), nothing more is decoded for it, nothing is set on its
+future. A token callback that raises (a streaming caller whose event loop has closed) ends its own request
+with an EngineError; the engine serves on.
 """
 
 from __future__ import annotations
@@ -163,7 +169,9 @@ def _key_data(seed: int) -> np.ndarray:
 
 
 class Engine:
-  """Batched KV-cache generation with one model; thread-safe; call `close()` when done."""
+  """Batched KV-cache generation with one model; thread-safe; call `close()` when done. The engine keeps
+  copies of `model`'s weights (as `update_params` does), never its arrays: the model may be changed,
+  deleted or donated afterwards."""
 
   def __init__(self, model, config: EngineConfig = EngineConfig(), version: int = 0):
     self.config = config
@@ -191,13 +199,17 @@ class Engine:
              on_tokens: TokensCallback | None = None) -> concurrent.futures.Future:
     """Queues a request; the future resolves to a Result or raises EngineError. `on_tokens(ids,
     logprobs)` is called on the engine thread with each dispatch's run of sampled tokens, before the
-    future resolves; it must be quick (it holds up every running sequence)."""
+    future resolves; it must be quick (it holds up every running sequence), and if it raises, the request
+    ends with an EngineError. `future.cancel()` succeeds until the result is set, and drops the request at
+    its next step (the module docstring)."""
     tokens = self._check_request(input_ids, sampling)
     seed = sampling.seed if sampling.seed is not None else int(self._rng.integers(2**63))
     req = _Request(tokens, sampling, _key_data(seed), concurrent.futures.Future(), on_tokens=on_tokens)
     with self._cv:
       if self._closed:
         raise EngineError("engine is shut down", status=503)
+      if len(self._queue) >= self.config.max_queue:  # requests given up while queued leave room first
+        self._queue = deque(r for r in self._queue if not r.future.cancelled())
       if len(self._queue) >= self.config.max_queue:
         raise EngineError(f"queue full ({self.config.max_queue} requests)", status=503)
       self._queue.append(req)
@@ -221,8 +233,9 @@ class Engine:
 
     Blocks until the update is applied (see the module docstring for requests in flight). The weights are
     copied into the engine's layout and devices here, in the caller's thread (`KVRunner.weights`: from a
-    learner on other devices of this process, device to device); `state` is not modified, and may be
-    donated once this returns.
+    learner on other devices of this process, device to device; on the same devices, a copy of every
+    array the engine would otherwise share with `state`); `state` is not modified, and its arrays may be
+    deleted or donated once this returns.
     """
     if version is not None and version < self.version:
       raise EngineError(f"weight version {version} is below the engine's {self.version}")
@@ -294,8 +307,10 @@ class Engine:
             self._cv.wait()
           if self._closed:
             break
+        self._drop_given_up()  # before a drain waits for them, and to free their slots for admission
         self._apply_control()
         self._admit()
+        self._drop_given_up()  # (given up while the admission's prefill ran)
         if any(self._slots):
           self._decode()
     except BaseException as e:  # The engine is dead: fail everything rather than hang callers.
@@ -311,8 +326,7 @@ class Engine:
       self._queue.clear()
       self._updates.clear()
     for r in pending:
-      if not r.future.done():
-        r.future.set_exception(err)
+      _deliver(r.future, error=err)
     for u in updates:
       u.done.set_exception(err)
 
@@ -342,8 +356,7 @@ class Engine:
   def _abort(self, queued: list[_Request]) -> None:
     """Ends `queued` (taken off the queue) and every running request with finish_reason "abort"."""
     for req in queued:
-      if not req.future.done():
-        req.future.set_result(Result((), (), "abort", self.version, len(req.input_ids), 0))
+      _deliver(req.future, Result((), (), "abort", self.version, len(req.input_ids), 0))
     for slot, req in enumerate(self._slots):
       if req is not None:
         self._finish(slot, "abort")
@@ -355,15 +368,18 @@ class Engine:
       # A pending flush or update goes first: it was asked for before the requests queued after it.
       if self._updates or self._flush_requested:
         room = 0
-      admitted = [self._queue.popleft() for _ in range(max(room, 0))]
+      admitted = []
+      while len(admitted) < room and self._queue:
+        req = self._queue.popleft()
+        if not req.future.cancelled():
+          admitted.append(req)
     for req in admitted:
       self._place(req, free)
     try:
       self._prefill(admitted)
     except Exception as e:
       for req in admitted:
-        if not req.future.done():
-          req.future.set_exception(EngineError(f"prefill failed: {e!r}", status=500))
+        _deliver(req.future, error=EngineError(f"prefill failed: {e!r}", status=500))
       raise
 
   def _place(self, req: _Request, free: list[int]) -> None:
@@ -400,7 +416,8 @@ class Engine:
         if req.unwritten == len(req.input_ids):
           self._prefix.set(req.slot, req.input_ids)
           self._take(req.slot, [token], [logprob])
-      pending = [req for req in pending if req.unwritten < len(req.input_ids)]
+      # A request given up mid-prefill stops here; its slot is freed at the next step.
+      pending = [req for req in pending if req.unwritten < len(req.input_ids) and not req.future.cancelled()]
 
   def _decode(self) -> None:
     running = [(s, r) for s, r in enumerate(self._slots) if r is not None]
@@ -420,8 +437,13 @@ class Engine:
     run, run_logprobs = tuple(map(int, tokens)), tuple(map(float, logprobs))
     req.output_ids.extend(run)
     req.output_logprobs.extend(run_logprobs)
-    if req.on_tokens is not None and run:
-      req.on_tokens(run, run_logprobs)
+    if req.on_tokens is not None and run and not req.future.cancelled():
+      try:
+        req.on_tokens(run, run_logprobs)
+      except Exception as e:  # pylint: disable=broad-except  (the caller's failure ends its request only)
+        self._release(slot)
+        _deliver(req.future, error=EngineError(f"the request's token callback failed: {e!r}", status=500))
+        return
     # Keys/values exist for every token except the last one sampled (it is fed in the next step).
     if run and run[-1] in req.sampling.stop_token_ids:
       self._finish(slot, "stop")
@@ -429,10 +451,40 @@ class Engine:
       self._finish(slot, "length")
 
   def _finish(self, slot: int, reason: str) -> None:
-    req = self._slots[slot]
-    self._slots[slot] = None
-    self._prefix.set(slot, np.concatenate([req.input_ids, np.asarray(req.output_ids[:-1], np.int32)]))
-    req.future.set_result(Result(
+    req = self._release(slot)
+    _deliver(req.future, Result(
         output_ids=tuple(req.output_ids), output_logprobs=tuple(req.output_logprobs),
         finish_reason=reason, policy_version=req.version, prompt_tokens=len(req.input_ids),
         cached_tokens=req.cached_tokens))
+
+  def _drop_given_up(self) -> None:
+    """Frees the slots of running requests whose callers cancelled them (queued ones are skipped at
+    admission)."""
+    for slot, req in enumerate(self._slots):
+      if req is not None and req.future.cancelled():
+        self._release(slot)
+
+  def _release(self, slot: int) -> _Request:
+    """Frees the slot; the keys/values its request wrote stay there as a retained prefix (every token's
+    but the last one sampled, which is fed in the next step)."""
+    req = self._slots[slot]
+    self._slots[slot] = None
+    if req.output_ids:
+      written = np.concatenate([req.input_ids, np.asarray(req.output_ids[:-1], np.int32)])
+    else:  # given up before its prefill completed
+      written = req.input_ids[:req.unwritten]
+    self._prefix.set(slot, written)
+    return req
+
+
+def _deliver(future: concurrent.futures.Future, result: Result | None = None,
+             error: EngineError | None = None) -> None:
+  """Sets a request's outcome unless its caller cancelled it, which may happen at any moment (even between
+  a check and the set: only the set itself can tell)."""
+  try:
+    if error is None:
+      future.set_result(result)
+    else:
+      future.set_exception(error)
+  except concurrent.futures.InvalidStateError:
+    pass

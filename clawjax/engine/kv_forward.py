@@ -164,6 +164,7 @@ class PrefillRows(NamedTuple):
   tokens: jax.Array    # [B, T] the chunk, padded
   starts: jax.Array    # [B] position of the chunk's first token
   n_valid: jax.Array   # [B] tokens of the chunk before its padding
+  reach: jax.Array     # [] the last position of a chunk's token (padding rows and tokens lie past it)
   sampling: SamplingRows
 
 
@@ -178,9 +179,10 @@ class DecodeRows(NamedTuple):
 
 
 def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: jax.Array, positions_BT: jax.Array,
-             slots_B: jax.Array, write_positions_BT: jax.Array, cache_len: int):
+             slots_B: jax.Array, write_positions_BT: jax.Array, cache_len: int, reach: jax.Array):
   """Every decoder layer over `tokens_BT`: its keys/values go into the cache at (slot, write position),
-  then the queries attend causally (by position) to the slot's first `cache_len` positions. Returns the
+  then the queries attend causally (by position) to the slot's first `cache_len` positions. Queries past
+  position `reach` (padding) are computed but not read: their attention may stop there. Returns the
   model, the projections' layout, the last layer's output (before the final norm) and the cache."""
   model, layout = programs.model(weights, tokens_BT.size)
   k_cache, v_cache = cache
@@ -191,7 +193,7 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
     k_cache = k_cache.at[i, slots_B1, :, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
     v_cache = v_cache.at[i, slots_B1, :, write_positions_BT].set(v_BTKH.astype(v_cache.dtype))
     o_BTNH = cached_attention(q_BTNH, k_cache, v_cache, i, slots_B, positions_BT, cache_len,
-                              programs.attention_block)
+                              programs.attention_block, reach)
     x_BTD = x_BTD + layout.out(layer.attn, o_BTNH)
     x_BTD = x_BTD + layout.mlp(layer.mlp, layer.mlp_norm(x_BTD))
   cache = tuple(jax.lax.with_sharding_constraint(c, programs.cache_sharding) for c in (k_cache, v_cache))
@@ -199,14 +201,15 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
 
 
 def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: int, slots_B: jax.Array,
-                     positions_BT: jax.Array, cache_len: int, block: int) -> jax.Array:
+                     positions_BT: jax.Array, cache_len: int, block: int, reach: jax.Array) -> jax.Array:
   """The queries' attention to their slots' cached keys at positions <= their own, among the first
-  `cache_len`.
+  `cache_len`; exact for the queries at positions <= `reach` (the others are padding, never read).
 
   Up to `block` keys, one [T, S] score array. Beyond it, an online softmax over key blocks read from the
-  cache in place, stopping after the last block any query reaches: a 2,048-token prefill chunk of a 64K
-  context would otherwise hold [heads, 2,048, 65,536] float32 scores per row (17 GB at 32 heads), and the
-  rows' keys would be copied out of the cache whole in every layer.
+  cache in place, stopping after the block that holds position `reach`: a 2,048-token prefill chunk of a
+  64K context would otherwise hold [heads, 2,048, 65,536] float32 scores per row (17 GB at 32 heads), and
+  the rows' keys would be copied out of the cache whole in every layer. The reach is the real queries',
+  not the padding rows' (which sit at the end of the cache: every row would read all of it).
   """
   if cache_len <= block:
     # Each slot's keys of one head are contiguous: the rows' reads are block copies, already in the
@@ -227,7 +230,7 @@ def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, 
     s_BKGTS = einsum_f32("btkgh,bskh->bkgts", q_BTKGH, k_BSKH) * h ** -0.5
     return online_softmax_step(carry, s_BKGTS, mask_B11TS, v_BSKH)
 
-  reached = jnp.max(positions_BT) // block + 1  # cache_len covers every query: at most cache_len // block
+  reached = reach // block + 1  # cache_len covers every real query: at most ceil(cache_len / block)
   carry = jax.lax.fori_loop(0, reached, key_block, online_softmax_init((b, kv, n // kv, t), h))
   return jnp.einsum("bkgth->btkgh", online_softmax_result(carry)).reshape(b, t, n, h).astype(q_BTNH.dtype)
 
@@ -238,7 +241,7 @@ def _prefill_program(programs: Programs, weights: Weights, cache: KVCache, rows:
                      truncate: bool):
   positions_BT = rows.starts[:, None] + jnp.arange(rows.tokens.shape[1], dtype=jnp.int32)[None]
   model, layout, x_BTD, cache = _forward(programs, weights, cache, rows.tokens, positions_BT, rows.slots,
-                                         positions_BT, cache_len)
+                                         positions_BT, cache_len, rows.reach)
   last_BD = jnp.take_along_axis(x_BTD, (rows.n_valid - 1)[:, None, None], axis=1)[:, 0]
   tokens_B, logprobs_B = rows.sampling.draw(layout.logits(model, model.final_norm(last_BD)),
                                             jnp.zeros_like(rows.n_valid), truncate)
@@ -258,7 +261,8 @@ def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: 
     # A row that has ended computes on, but writes where nothing is ever read and counts nothing.
     write_A = jnp.where(live_A, positions_A, scratch_A)
     model, layout, x_A1D, cache = _forward(programs, weights, cache, tokens_A[:, None], positions_A[:, None],
-                                           rows.slots, write_A[:, None], cache_len)
+                                           rows.slots, write_A[:, None], cache_len,
+                                           jnp.max(jnp.where(live_A, positions_A, 0)))
     sampled_A, logprobs_A = rows.sampling.draw(layout.logits(model, model.final_norm(x_A1D[:, 0])),
                                                rows.steps + i, truncate)
     produced_A = produced_A + live_A
@@ -372,11 +376,15 @@ class KVRunner:
     """The engine's copy of a Decoder state: its leaves in the compute dtype where that is narrower (the
     forward casts every parameter to it before use, so the values it computes with are the same), moved
     into the engine's shardings with `jax.device_put` (from a learner's devices: device to device), the
-    one-row copy laid out from them there, and ready when this returns, so the caller may then donate or
-    change `state`."""
+    one-row copy laid out from them there, and ready when this returns. Nothing returned shares a buffer
+    with `state`: a leaf that is neither cast nor moved is copied (the others are new arrays already), so
+    the caller may then delete, donate or change `state`'s arrays."""
     by_path = self._leaves_by_path(state)
-    narrow = lambda x: x.astype(self.weight_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-    leaves = jax.device_put([narrow(by_path[p]) for p in self._paths], self._shardings)
+    narrowed = [jnp.issubdtype(by_path[p].dtype, jnp.floating) and by_path[p].dtype != self.weight_dtype
+                for p in self._paths]
+    leaves = jax.device_put([by_path[p].astype(self.weight_dtype) if n else by_path[p]
+                             for p, n in zip(self._paths, narrowed)], self._shardings,
+                            may_alias=[None if n else False for n in narrowed])
     one_row = [_laid_out(leaves[i], n, s) for i, (n, s) in zip(self._linears, self._one_row)]
     return jax.block_until_ready((leaves, one_row))
 
@@ -437,7 +445,8 @@ class KVRunner:
     for a, c in enumerate(chunks):
       slots[a], starts[a], n_valid[a] = c.slot, c.start, len(c.tokens)
       tokens[a, :len(c.tokens)] = c.tokens
-    rows = PrefillRows(slots, tokens, starts, n_valid, _sampling_rows(b, chunks))
+    reach = np.int32(max(c.start + len(c.tokens) for c in chunks) - 1)
+    rows = PrefillRows(slots, tokens, starts, n_valid, reach, _sampling_rows(b, chunks))
     return rows, bucket(max(c.start for c in chunks) + t, self.config.min_bucket, self.capacity)
 
   def decode(self, weights: Weights, cache: KVCache, rows: list[DecodeRow], steps: int

@@ -21,6 +21,7 @@ import pathlib
 import logging
 import sqlite3
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from clawjax.config import Count, NonNegative, Positive
@@ -71,6 +72,10 @@ class Adapter(abc.ABC):
   # The harness's one name: the adapter key, the name registered with the shim and written in the call
   # log (it selects the shim's harness profile), e.g. "claude_code".
   name: str
+  # The smallest context (tokens a call may hold) the harness was seen to work in, and why (its own
+  # prompt, its own checks); 0: not known. A run with a smaller one stops at its start (`context_problem`).
+  min_context: int = 0
+  min_context_why: str = ""
 
   def install(self) -> None:
     """Installs the harness if needed (idempotent); raises install.NpmUnreachable without npm."""
@@ -110,6 +115,23 @@ class Adapter(abc.ABC):
       return None
     return obj if isinstance(obj, dict) else None
 
+  def last_words(self, stdout: str, stderr: str, limit: int = 300) -> str | None:
+    """The harness's own account of how it ended, for a failed rollout's reason: the error its JSON
+    result reports (Claude Code's `result` when `is_error`, OpenClaw's `error.message`), else its last
+    stderr line, else its last stdout line; "<where>: <text>", one line of at most `limit` characters."""
+    result = self.result(stdout) or {}
+    error = result.get("error")
+    said = [result.get("result") if result.get("is_error") else None,
+            error.get("message") if isinstance(error, dict) else error]
+    said = next((s for s in said if isinstance(s, str) and s.strip()), None)
+    if said is not None:
+      return f"error: {' '.join(said.split())[:limit]}"
+    for where, text in (("stderr", stderr), ("stdout", stdout)):
+      lines = [line.strip() for line in text.splitlines() if line.strip()]
+      if lines:
+        return f"{where}: {lines[-1][:limit]}"
+    return None
+
 
 def _path_env(*dirs: pathlib.Path) -> str:
   return ":".join([*map(str, dirs), *_BASE_PATH])
@@ -117,6 +139,10 @@ def _path_env(*dirs: pathlib.Path) -> str:
 
 class ClaudeCode(Adapter):
   name = "claude_code"
+  # 2.1.332, told 26,000 and below, answered every task "Prompt is too long" before any model call; at
+  # 27,000 it ran (Qwen3 and SmolLM2 tokenizers alike: its own estimate decides).
+  min_context = 27_000
+  min_context_why = "its own prompt is ~12K tokens, and with less it ends every task with \"Prompt is too long\""
 
   def install(self) -> None:
     install.install_claude_code()
@@ -142,6 +168,9 @@ class ClaudeCode(Adapter):
 
 class OpenClaw(Adapter):
   name = "openclaw"
+  # 2026.9.6 trims its prompt to a small window, down to 7,432 (Qwen3) / 7,913 (SmolLM2) tokens.
+  min_context = 7_400
+  min_context_why = "its own prompt, trimmed to fit, is ~7.4K-7.9K tokens"
 
   def install(self) -> None:
     install.install_openclaw()
@@ -184,6 +213,8 @@ class OpenClaw(Adapter):
 
 class Codex(Adapter):
   name = "codex"
+  min_context = 10_000
+  min_context_why = "its own prompt (instructions, environment and ~17.8K characters of tools) is ~9K tokens"
 
   def install(self) -> None:
     codex.fallback_instructions(install.install_codex())
@@ -204,6 +235,8 @@ class Codex(Adapter):
 
 class Mini(Adapter):
   name = "mini"
+  min_context = 400  # its prompt with a short task: 435 (SmolLM2) / 534 (Qwen3) tokens
+  min_context_why = "its own prompt is ~450 tokens"
 
   def command(self, base_url, api_key, prompt, home, options):
     argv = [sys.executable, "-P", "-m", "clawjax.harness.mini", "--base-url", base_url,
@@ -224,3 +257,14 @@ def get_adapter(name: str) -> Adapter:
     return ADAPTERS[name]
   except KeyError:
     raise ValueError(f"unknown harness {name!r}; choose from {sorted(ADAPTERS)}") from None
+
+
+def context_problem(names: Sequence[str], window: int, source: str) -> str | None:
+  """Why a harness of `names` cannot work where a call holds at most `window` tokens (`source`: the
+  settings that say so), or None."""
+  for name in names:
+    adapter = get_adapter(name)
+    if window < adapter.min_context:
+      return (f"{name} needs a context of at least {adapter.min_context:,} tokens ({adapter.min_context_why}), "
+              f"but a call holds at most {window:,} here ({source}): raise that, or leave {name} out")
+  return None

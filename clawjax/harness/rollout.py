@@ -10,7 +10,8 @@ Status of the record (only "ok" rollouts are trained on; the others are counted)
   ok       the harness ran and the workspace was scored; reward = the final score.
   timeout  the harness ran past `timeout_s` and was killed.
   failed   the shim could not be reached, the sandbox could not start, the harness made no call, or it
-           exited non-zero right after a failed call (an HTTP failure it gave up on).
+           exited non-zero right after a failed call (an HTTP failure it gave up on); the reason ends with
+           the harness's own last words (`Adapter.last_words`: "error: Prompt is too long").
   error    the rollout ran but has no reward (the checker or judge produced no score).
 A harness that exits non-zero after a successful last call (e.g. it hit its own turn limit) is "ok":
 the checker decides its reward.
@@ -44,6 +45,7 @@ from clawjax.harness.adapters import Adapter, HarnessOptions, get_adapter
 from clawjax.harness.install import InstallError
 from clawjax.harness.pool import run_concurrently
 from clawjax.tasks import Task
+from clawjax.tasks.confined import DRAIN_S
 from clawjax.tasks.judge import JudgeConfig
 from clawjax.tasks.scoring import ScoringConfig, score
 from clawjax.tasks.workspace import make_workspace
@@ -70,9 +72,27 @@ class RolloutConfig:
   # checkers). On a host shared with the learner this keeps rollouts off the learner's cores (see
   # clawjax.cpus); "" leaves every affinity as it is.
   cores: str = ""
+  # Seconds a GRPO group of a training step may take, from its first rollout's start: past it, the
+  # rollouts still running are given up and the group is dropped as `overdue` (counted), and the step
+  # goes on without it (clawjax.run.deadline). None: 2 x `rollout_bound_s()`, since a group's last
+  # rollout may wait for a free slot as long as a whole rollout takes.
+  group_deadline_s: float | None = None
 
   def __post_init__(self):
     parse_cpu_list(self.cores, "config.rollout.cores")
+    if self.group_deadline_s is not None and not self.group_deadline_s > 0:
+      raise ValueError(f"config.rollout.group_deadline_s: {self.group_deadline_s} must be > 0 (or None: derived)")
+
+  def rollout_bound_s(self) -> float:
+    """How long one rollout may take by its own timeouts: the harness's (timeout_s, then the kill's
+    grace), settling, four shim requests, the checker twice (reward.sh, then check.py for its metrics:
+    each its timeout and its output's drain) and every attempt of the judge."""
+    judge = 0.0 if self.judge is None else (self.judge.retries + 1) * self.judge.timeout_s
+    return (self.timeout_s + self.sandbox.kill_grace_s + self.settle_timeout_s + 4 * self.http_timeout_s
+            + 2 * (self.scoring.timeout_s + DRAIN_S) + judge)
+
+  def group_deadline(self) -> float:
+    return self.group_deadline_s if self.group_deadline_s is not None else 2 * self.rollout_bound_s()
 
 
 @dataclasses.dataclass
@@ -205,8 +225,9 @@ def run_rollout(shim_url: str, task: Task, harness: str | Adapter, config: Rollo
     extra["n_calls"] = len(calls)
     extra["log_path"] = info.get("log_path")
     status, reason = _status(run, calls)
-    if reason:
-      extra["reason"] = reason
+    if reason:  # with the harness's own last words, which say why where our reason cannot
+      words = adapter.last_words(stdout, extra["stderr_tail"])
+      extra["reason"] = f"{reason}; {words}" if words else reason
     if status == "ok":
       transcript = adapter.transcript(home)
       extra["transcript_events"] = len(transcript)

@@ -1,19 +1,23 @@
 """Runs a harness command isolated with bubblewrap, or says plainly that it could not.
 
 With bubblewrap (`apt-get install -y bubblewrap`) the command sees a minimal root: the system
-directories and the paths it needs (its install dir, the Python running clawjax) read-only, its
-workspace and a throwaway HOME writable, a fresh /tmp, its own PID namespace, and its own network
-namespace holding only a loopback interface. The shim's ports are relayed into that loopback through
-Unix sockets (see relay.py), so the harness reaches the shim at its usual 127.0.0.1 URL and nothing else:
-no outside network, no other local service. Nothing of the host's file tree outside those paths exists
-for it (task checkers, call logs, other rollouts' workspaces).
+directories and the paths it needs (its install dir, the Python running clawjax, the clawjax package
+this process imported) read-only, its workspace and a throwaway HOME writable, a fresh /tmp, its own PID
+namespace, and its own network namespace holding only a loopback interface. The shim's ports are
+relayed into that loopback through Unix sockets (see relay.py), so the harness reaches the shim at its
+usual 127.0.0.1 URL and nothing else: no outside network, no other local service. Nothing of the
+host's file tree outside those paths exists for it (task checkers, call logs, other rollouts'
+workspaces).
 
 Without bubblewrap, or when it cannot create namespaces here, `mode="auto"` falls back to a plain
-subprocess in its own process group, with a warning in the log and `SandboxResult.sandbox == "none"`:
-the workspace is then only the working directory, the file system and network are the host's. Runs that
-need the isolation use `mode="bwrap"`, which refuses to run without it (`SandboxError`, naming the
-install command); `isolation(config)` says before a run what its rollouts will run under, with the
-fields each rollout record carries.
+subprocess in its own process group, with a warning in the log (once per process) and
+`SandboxResult.sandbox == "none"` in every result: the workspace is then only the working directory,
+the file system and network are the host's. Runs that need the isolation use `mode="bwrap"`, which
+refuses to run without it (`SandboxError`, naming the install command); `isolation(config)` says before
+a run what its rollouts will run under, with the fields each rollout record carries.
+
+Python inside (the relay, the mini harness) imports the clawjax this process imported, which comes
+first on PYTHONPATH there in either mode: a venv's editable install may name another checkout.
 
 Relay sockets live in this run's dir under the system temp dir (see rundirs.py), so a killed run's are
 removed by the next start.
@@ -34,6 +38,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -148,6 +153,13 @@ def _clawjax_dir() -> pathlib.Path:
   return pathlib.Path(clawjax.__file__).resolve().parent
 
 
+def _python_path(env: dict[str, str]) -> str:
+  """PYTHONPATH inside: the clawjax this process imports first. Without it Python resolves `clawjax`
+  through the venv, whose editable install may name another checkout (not mounted under bwrap: "No
+  module named 'clawjax'"; without bwrap, silently that checkout's code)."""
+  return os.pathsep.join([str(_clawjax_dir().parent), *filter(None, [env.get("PYTHONPATH")])])
+
+
 def python_ro_paths() -> list[pathlib.Path]:
   """What a sandbox needs to run `sys.executable -m clawjax...`: the interpreter, the venv, clawjax."""
   return [pathlib.Path(sys.base_prefix).resolve(), pathlib.Path(sys.prefix), _clawjax_dir()]
@@ -203,13 +215,26 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
       continue
 
 
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_fallback(reason: str) -> None:
+  """Once per process and reason (each rollout record says it too): a run's log is not 800 copies of it."""
+  with _warned_lock:
+    if reason in _warned:
+      return
+    _warned.add(reason)
+  log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", reason)
+
+
 def run(spec: SandboxSpec, config: SandboxConfig = SandboxConfig()) -> SandboxResult:
   """Runs `spec` to completion or timeout; stdout/stderr go to the spec's files."""
   iso = isolation(config)
   use_bwrap = iso["sandbox"] == "bwrap"
   if iso["sandbox_fallback"]:
-    log.warning("harness sandbox: falling back to a plain subprocess (no isolation): %s", iso["sandbox_fallback"])
-  env = {"HOME": str(spec.home), **spec.env}
+    _warn_fallback(iso["sandbox_fallback"])
+  env = {"HOME": str(spec.home), **spec.env, "PYTHONPATH": _python_path(spec.env)}
   # Relay only when the network is isolated; a shared network reaches the shim directly.
   relayed = use_bwrap and config.isolate_network and bool(spec.loopback_ports)
   with ExitStack() as stack:

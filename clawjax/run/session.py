@@ -24,14 +24,16 @@ listing, unique across reruns (the shim refuses an id whose log exists) and not 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
 import pathlib
 import re
 import secrets
+import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from clawjax import auth, progress
 from clawjax.calllog import CallLogWriter, RolloutRecord
@@ -39,6 +41,7 @@ from clawjax.cpus import check_available, parse_cpu_list, pin_thread, thread_pin
 from clawjax.harness.pool import run_concurrently
 from clawjax.harness.rollout import RolloutConfig, RolloutOutcome, run_rollout
 from clawjax.models.vocab import text_source
+from clawjax.run.deadline import GroupClock, Timer
 from clawjax.run.settings import EngineSettings, ModelSettings
 from clawjax.serving.backends.base import Backend, BackendError, create_backend
 from clawjax.serving.front import ShimProcessPool
@@ -71,6 +74,13 @@ class RolloutJob:
 def rollout_id(label: str, job: RolloutJob) -> str:
   stem = re.sub(r"[^A-Za-z0-9._-]+", "_", job.task.task_id)[:60].strip("._-") or "task"
   return f"{label}-{stem}-{job.harness}-{job.index}-{secrets.token_hex(16)}"
+
+
+def clocked_rollout(session: "PolicySession", clock: GroupClock, job: RolloutJob, writer: CallLogWriter,
+                    label: str) -> RolloutOutcome:
+  """`session.rollout` of the job, given up at its group's deadline (`clock`: clawjax.run.deadline)."""
+  rid = rollout_id(label, job)
+  return clock.run(job, rid, writer, lambda gated: session.rollout(job, gated, label, rid), session.record_extra(job))
 
 
 def chat_template(model: ModelSettings) -> ChatTemplate:
@@ -186,11 +196,15 @@ class PolicySession:
     if self.engine is not None:
       self.engine.close()
 
-  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str) -> RolloutOutcome:
-    """Runs one job; it always ends as one rollout record in `writer` (thread-safe: call it from many
-    threads at once)."""
-    rid = rollout_id(label, job)
-    extra = {"process_index": self.process_index, **({"group": job.group} if job.group is not None else {})}
+  def record_extra(self, job: RolloutJob) -> dict[str, Any]:
+    """What every record of the job carries beside the rollout's own fields."""
+    return {"process_index": self.process_index, **({"group": job.group} if job.group is not None else {})}
+
+  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str, rid: str | None = None) -> RolloutOutcome:
+    """Runs one job (as rollout `rid`, by default a fresh id); it always ends as one rollout record in
+    `writer` (thread-safe: call it from many threads at once)."""
+    rid = rid or rollout_id(label, job)
+    extra = self.record_extra(job)
     pin_thread(self._cores)  # this pool thread, and the sandbox and checker it starts
     try:
       return run_rollout(self.url, job.task, job.harness, job.config or self.cfg.rollout, writer, rid,
@@ -204,11 +218,20 @@ class PolicySession:
 
   def run(self, jobs: Sequence[RolloutJob], writer: CallLogWriter, *, label: str, desc: str = "",
           on_result: Callable[[RolloutJob, RolloutOutcome], None] | None = None,
-          concurrency: int | None = None) -> list[RolloutOutcome]:
+          concurrency: int | None = None, group_deadline_s: float | None = None,
+          timer: Callable[[float, Callable[[], None]], Timer] = threading.Timer) -> list[RolloutOutcome]:
     """Runs the jobs `concurrency` (default cfg.concurrency) at a time; every job ends as one rollout
     record in `writer`. Outcomes come back in job order; `on_result` sees each as it finishes, in this
-    thread."""
-    done = run_concurrently(lambda job: (job, self.rollout(job, writer, label)), jobs,
+    thread. With `group_deadline_s`, the jobs of each GRPO group (`job.group`) that have not ended that
+    long after the group's first started are given up (clawjax.run.deadline)."""
+    sizes = collections.Counter(job.group for job in jobs if job.group is not None)
+    clocks = {g: GroupClock(group_deadline_s, n, timer) for g, n in sizes.items()} if group_deadline_s else {}
+
+    def one(job: RolloutJob) -> tuple[RolloutJob, RolloutOutcome]:
+      clock = clocks.get(job.group)
+      return job, self.rollout(job, writer, label) if clock is None else clocked_rollout(self, clock, job, writer, label)
+
+    done = run_concurrently(one, jobs,
                             concurrency or self.cfg.concurrency, desc=desc,
                             on_result=(lambda r: on_result(*r)) if on_result else None,
                             progress=self.cfg.progress, score=lambda r: r[1].record.reward,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from clawjax import config as config_lib
 from clawjax.config import ConfigError
 from clawjax.models.config import PRESETS, ModelConfig, unknown_model
+from clawjax.harness.adapters import ADAPTERS, context_problem
 from clawjax.serving.backends.base import backend_names
 
 
@@ -82,3 +84,27 @@ class EngineSettings:
         embedded.engine_config(self.options)
       except ValueError as e:
         raise ConfigError(f"config.engine.options: {e}") from None
+
+
+def context_window(max_context: int, engine: EngineSettings) -> tuple[int, str]:
+  """The most tokens a call may hold as far as the config tells (the shim's `max_context`, or the
+  embedded engine's `max_seq_len` where smaller: the shim holds calls to the smaller), and the
+  settings that say so. A remote engine's own limit is known only once it answers."""
+  shim = f"shim.max_context={max_context}"
+  if engine.backend != "embedded":
+    return max_context, shim
+  # pylint: disable-next=import-outside-toplevel  (JAX, for the engine's defaults: only where it runs here)
+  from clawjax.serving.backends.embedded import engine_config
+  try:
+    seq = engine_config(engine.options).max_seq_len
+  except ValueError:  # the engine names what is wrong with its options when it starts
+    return max_context, shim
+  return min(seq, max_context), f"the smaller of {shim} and engine.options.max_seq_len={seq}"
+
+
+def harness_context_problem(harnesses: Sequence[str], max_context: int, engine: EngineSettings) -> str | None:
+  """Why a harness of `harnesses` cannot work in the context the config allows (`context_window`), or
+  None; also None for a name that is no harness (its own check says so)."""
+  if not set(harnesses) <= set(ADAPTERS):
+    return None
+  return context_problem(harnesses, *context_window(max_context, engine))

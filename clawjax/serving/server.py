@@ -15,7 +15,8 @@ that rollout only.
 A call: authenticate (401, nothing written) -> check the call log can take a record (503) -> read the
 body under a size and a time limit (413, 408) -> decode it under a nesting limit and validate (400) ->
 build the prompt token-in-token-out (400 "prompt is too long" past --max-context) -> generate on the
-backend, sending keep-alives (or, with `incremental_stream`, the text so far) while it runs -> parse
+backend, sending keep-alives (or, with `incremental_stream`, the text so far) while it runs (a client
+found gone meanwhile cancels the generation: an `error` record, `client_disconnected`) -> parse
 the turn -> append the call record -> send the rest of the turn. Write-then-acknowledge: the final
 response bytes (a JSON body, a stream's last event) go out only once the record is on disk, whole and
 fsynced; a record that cannot be written turns the answer into the API's error (a stream ends with an
@@ -61,6 +62,7 @@ from clawjax.text.templates import ChatTemplate
 from clawjax.text.turn_stream import TurnStream
 
 log = logging.getLogger(__name__)
+CLIENT_CLOSED = 499  # an error record's backend_status when the client left mid-stream (nginx's code for it)
 
 # The model routes, each also under the per-rollout prefix /r/{rid}.
 MODEL_ROUTES = ("/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions", "/v1/responses",
@@ -206,7 +208,7 @@ class _Call:
       try:
         await self.stream.write(data)
       except (ConnectionError, RuntimeError):
-        self.disconnected = True  # Keep going: the generation is still logged.
+        self.disconnected = True  # A generation still running is cancelled; a finished one is still logged.
 
   def record(self, **fields: Any) -> CallRecord:
     r = self.rollout
@@ -397,6 +399,11 @@ class ShimServer:
         await self._stream_while_generating(call, gen_task)
       try:
         gen, backend_s = await gen_task
+      except asyncio.CancelledError:
+        if not (call.disconnected and gen_task.cancelled()):
+          raise  # (this handler's own cancellation)
+        return await self._fail(call, BackendError("the client disconnected mid-stream: generation cancelled",
+                                                   status=CLIENT_CLOSED))
       except Exception as e:  # pylint: disable=broad-except  (a backend bug is a backend failure too)
         return await self._fail(call, e)
       return await self._succeed(call, gen, backend_s)
@@ -417,13 +424,18 @@ class ShimServer:
 
   async def _stream_while_generating(self, call: _Call, gen_task: asyncio.Future) -> None:
     """Holds the headers back for one keep-alive interval (or until text streams), so a fast failure
-    still gets its status; then streams the text so far, or a keep-alive, each interval."""
+    still gets its status; then streams the text so far, or a keep-alive, each interval. A client found
+    gone cancels the generation: nobody would read it (a harness retries the call), and the engine's
+    slot goes to other calls."""
     await self._until(gen_task, call.feed.woken)
     if gen_task.done():
       return
     await call.send(await call.open_stream())
     while not gen_task.done():
       await call.send(call.feed.take() or call.feed.events.keepalive())
+      if call.disconnected:
+        gen_task.cancel()
+        return
       await self._until(gen_task, call.feed.woken)
 
   async def _until(self, gen_task: asyncio.Future, woken: asyncio.Event | None) -> None:
@@ -445,8 +457,11 @@ class ShimServer:
       err = ApiError(errors.INTERNAL, f"backend error: {e}", status=500)
       if not isinstance(e, BackendError):
         log.exception("backend raised")
+    extra = dict(call.extra, error=str(e), backend_status=status)
+    if call.disconnected:
+      extra["client_disconnected"] = True
     record = call.record(status="error", output_ids=(), output_logprobs=(), finish_reason=None,
-                         policy_version=None, extra=dict(call.extra, error=str(e), backend_status=status))
+                         policy_version=None, extra=extra)
     # (The answer is this error whether or not its record could be written.)
     await self._finish_store(call, record, self._start_store(call, record))
     if call.stream is None:

@@ -9,9 +9,11 @@ The checker runs the way the official ClawGym runner does, but never in the agen
 3. the task's mount dir (e.g. /root/.openclaw/workspace), wherever it appears in the command or the
    checker files, is rewritten to the scoring root, so absolute paths written for the original
    container resolve to the scored copy;
-4. the checker runs in a subprocess, in its own session, with the scoring root as working directory,
-   a throwaway HOME and TMPDIR, a wall-clock timeout (the whole process group is killed), and no
-   network where `unshare -n` works (best effort: `ScoreResult.details["network"]` says which).
+4. the checker runs in a subprocess with the scoring root as working directory, a throwaway HOME and
+   TMPDIR and a wall-clock timeout, in a PID namespace of its own where the host allows one (every
+   process it starts dies with it, also one that calls setsid), and no network where it can be cut
+   off (confined.py; `ScoreResult.details["processes"]` and `["network"]` say which). Its output is
+   read with a deadline: a checker returns within its timeout plus a few seconds, whatever it left.
 
 Reading the checker's output: `reward.sh` prints one float as its last stdout line, which is the code
 score. Otherwise the last JSON object of stdout is the checker's dict: with a numeric "reward" key
@@ -38,14 +40,12 @@ import os
 import pathlib
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
 from clawjax.config import NonNegative, Positive
+from clawjax.tasks.confined import confinement, run_confined
 from clawjax.tasks.judge import JudgeConfig, judge_workspace
 from clawjax.tasks.jsonscan import last_json_object
 from clawjax.tasks.records import REWARD_DIR, Task, TaskFile
@@ -58,7 +58,7 @@ _GRADE_RUNNER = pathlib.Path(__file__).with_name("grade_runner.py")
 class ScoringConfig:
   timeout_s: Positive[float] = 120.0  # wall-clock limit of one checker run (not published; generous default)
   strict: bool = False  # zero metrics about files that do not exist (see module docstring)
-  isolate_network: bool = True  # run checkers under `unshare -n` when the machine allows it
+  isolate_network: bool = True  # run checkers without network when the machine allows it (confined.py)
   python: str = sys.executable  # interpreter for grade() checkers
   # reward.sh prints only the average; to report the checker's dict too, run reward/check.py once more.
   metrics_from_check_py: bool = True
@@ -82,54 +82,6 @@ class ScoreResult:
 
   def to_json(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Sandboxing
-
-
-@functools.cache
-def network_isolation() -> tuple[tuple[str, ...], str]:
-  """(command prefix, description): `unshare -n` as root, `unshare -rn` in a user namespace, else
-  no isolation."""
-  if shutil.which("unshare"):
-    for prefix in (("unshare", "-n"), ("unshare", "-r", "-n")):
-      try:
-        ok = subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0
-      except (OSError, subprocess.TimeoutExpired):
-        ok = False
-      if ok:
-        return prefix, " ".join(prefix)
-  return (), "none (unshare unavailable: the checker can reach the network)"
-
-
-@dataclasses.dataclass
-class _Run:
-  returncode: int | None  # None: killed on timeout
-  stdout: str
-  stderr: str
-  wall_s: float
-
-
-def _run(argv: list[str], cwd: pathlib.Path, env: dict[str, str], timeout_s: float,
-         isolate: bool) -> _Run:
-  prefix = network_isolation()[0] if isolate else ()
-  t0 = time.monotonic()
-  proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-  try:
-    out, err = proc.communicate(timeout=timeout_s)
-    rc: int | None = proc.returncode
-  except subprocess.TimeoutExpired:
-    # The checker may have started children (bash -> python): kill its whole session.
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-      pass
-    out, err = proc.communicate()
-    rc = None
-  return _Run(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-              time.monotonic() - t0)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -268,8 +220,7 @@ def run_checker(task: Task, workspace: str | os.PathLike[str], config: ScoringCo
 def _run_checker(task: Task, workspace: pathlib.Path, config: ScoringConfig,
                  transcript: list[Any] | None) -> ScoreResult:
   checker = task.checker
-  details: dict[str, Any] = {
-      "network": network_isolation()[1] if config.isolate_network else "not isolated"}
+  details: dict[str, Any] = confinement(config.isolate_network).details()
   with tempfile.TemporaryDirectory(prefix="clawjax-score-") as tmp:
     tmp_path = pathlib.Path(tmp)
     root = tmp_path / "workspace"
@@ -297,13 +248,13 @@ def _run_checker(task: Task, workspace: pathlib.Path, config: ScoringConfig,
       transcript_path.write_text(json.dumps(transcript or []), encoding="utf-8")
       argv = [config.python, str(_GRADE_RUNNER), str(checker_root / checker.entry), str(root),
               str(transcript_path)]
-    run = _run(argv, root, env, config.timeout_s, config.isolate_network)
+    run = run_confined(argv, root, env, config.timeout_s, confinement(config.isolate_network))
     details.update(returncode=run.returncode, wall_s=round(run.wall_s, 3),
                    stdout_tail=run.stdout[-config.tail_chars:],
                    stderr_tail=run.stderr[-config.tail_chars:])
     if run.returncode is None:
       return ScoreResult(code_score=0.0, metrics={}, details=details,
-                         error=f"checker timed out after {config.timeout_s:g} s")
+                         error=f"checker timed out after {config.timeout_s:g} s and was killed ({details['processes']})")
     try:
       code, metrics = parse_checker_output(run.stdout)
     except CheckerOutputError as e:
@@ -327,8 +278,8 @@ def _run_checker(task: Task, workspace: pathlib.Path, config: ScoringConfig,
 
 def _metrics_from_check_py(root: pathlib.Path, env: dict[str, str], config: ScoringConfig,
                            details: dict[str, Any]) -> dict[str, float]:
-  run = _run(["python3", f"{REWARD_DIR}/check.py", str(root)], root, env, config.timeout_s,
-             config.isolate_network)
+  run = run_confined(["python3", f"{REWARD_DIR}/check.py", str(root)], root, env, config.timeout_s,
+                     confinement(config.isolate_network))
   d = last_json_object(run.stdout) if run.returncode is not None else None
   try:
     return score_of_dict(d)[1] if d else {}

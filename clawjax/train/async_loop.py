@@ -10,8 +10,9 @@ before it, within max_staleness versions of its launch; then the step waits for 
 trained past the bound, whatever max_staleness: a group launched at version L is trained by version
 L + max_staleness, and its calls, sampled at L or later, are at most that many versions old. A group is
 still dropped when a call of it is more than max_staleness versions behind the learner (its oldest
-call: an engine replica that missed a push) or has no version (its age cannot be bounded); a dropped
-group keeps its place in the count (the data order stays the cursor). A step with nothing to train (on
+call: an engine replica that missed a push) or has no version (its age cannot be bounded), and when it
+passed its deadline (`rollout.group_deadline_s`, clawjax.run.deadline: so no step waits for a hung
+group for ever); a dropped group keeps its place in the count (the data order stays the cursor). A step with nothing to train (on
 any process) runs its groups again, up to `empty_step_retries` times, as the synchronous loop does; it
 keeps its step number, and the groups any attempt dropped are recorded with it (also those that a later
 attempt, sampling them again, trained).
@@ -27,11 +28,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from clawjax import distributed
+from clawjax.run.deadline import Timer
 from clawjax.train.groups import CompletedGroup, Group, GroupRunner
 from clawjax.train.step_data import StepData, build_step, call_staleness, failure_reasons, has_data
 from clawjax.train.steps import Run, StepTrainer
@@ -49,9 +53,12 @@ class GroupedRun(Run):
   def own_groups(self, step: int) -> list[Group]: ...
 
 
-def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
+def run_async(trainer: GroupedRun, steps: StepTrainer, start: int,
+              timer: Callable[[float, Callable[[], None]], Timer] = threading.Timer) -> None:
+  """`timer`: what times the groups' deadlines (threading.Timer; a simulated clock's in tests)."""
   cfg, layout = trainer.cfg, trainer.layout
-  runner = GroupRunner(steps.session, cfg.rollouts_per_task, cfg.concurrency, layout.groups_dir)
+  runner = GroupRunner(steps.session, cfg.rollouts_per_task, cfg.concurrency, layout.groups_dir,
+                       cfg.rollout.group_deadline(), timer)
   pending = [trainer.group(i) for i in steps.cursor.get("pending", []) if trainer.owns(trainer.group(i))]
   next_step = int(steps.cursor.get("next_step", start + 1))
   try:
@@ -74,6 +81,7 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
       _write_groups(trainer, step, split)
       extra = {"rollouts": float(len(taken) * cfg.rollouts_per_task), "rollout_s": wait_s,
                "groups/taken": float(len(taken)), "groups/dropped_stale": float(len(split.stale)),
+               "groups/dropped_overdue": float(len(split.overdue)),
                "calls_without_version": float(split.unversioned_calls),
                "groups/in_flight": float(len(runner.in_flight)),
                # Older groups still running while younger ones train: stragglers that moved on.
@@ -90,10 +98,11 @@ def run_async(trainer: GroupedRun, steps: StepTrainer, start: int) -> None:
 
 @dataclasses.dataclass
 class Freshness:
-  """The taken groups split by the staleness bound."""
+  """The taken groups split by the staleness bound; those past their deadline apart."""
   fresh: list[CompletedGroup]
   stale: list[CompletedGroup]
   unversioned_calls: int  # sampled calls without a policy version (they make their group stale)
+  overdue: list[CompletedGroup] = dataclasses.field(default_factory=list)  # given up (never trained)
 
 
 def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: int, vocab_size: int
@@ -112,10 +121,12 @@ def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: i
     split = _fresh_groups(trainer, taken, version)
     dropped.stale += split.stale
     dropped.unversioned_calls += split.unversioned_calls
-    loaded = trainer.layout.load([c.path for c in split.fresh])
+    dropped.overdue += split.overdue
+    # (An overdue group is loaded for its records, which build_step leaves out and counts.)
+    loaded = trainer.layout.load([c.path for c in split.fresh + split.overdue])
     data = build_step(loaded, policy_version=version, vocab_size=vocab_size, filters=cfg.filters, batch=cfg.batch)
     if has_data(data, step):
-      return taken, Freshness(split.fresh, dropped.stale, dropped.unversioned_calls), data
+      return taken, Freshness(split.fresh, dropped.stale, dropped.unversioned_calls, dropped.overdue), data
     reasons = (failure_reasons(loaded) or [f"exclusions {data.counts}"]) + (
         [f"{len(split.stale)} groups dropped as stale"] if split.stale else [])
     log.warning("step %d: nothing to train in %d groups (attempt %d of %d): %s", step, n, attempt + 1,
@@ -129,11 +140,12 @@ def _step_groups(trainer: GroupedRun, runner: GroupRunner, step: int, version: i
 
 def _write_groups(trainer: GroupedRun, step: int, split: Freshness) -> None:
   """steps/step_<k>/groups.json: the groups the step trained and those any of its attempts dropped as
-  stale."""
+  stale or as overdue."""
   record = trainer.workdir / "steps" / f"step_{step}" / trainer.layout.per_process("groups.json")
   record.parent.mkdir(parents=True, exist_ok=True)
   record.write_text(json.dumps({"trained": [c.group.key for c in split.fresh],
-                                "dropped_stale": [c.group.key for c in split.stale]}) + "\n")
+                                "dropped_stale": [c.group.key for c in split.stale],
+                                "dropped_overdue": [c.group.key for c in split.overdue]}) + "\n")
 
 
 def _fresh_groups(trainer: GroupedRun, taken: list[CompletedGroup], version: int) -> Freshness:
@@ -142,6 +154,11 @@ def _fresh_groups(trainer: GroupedRun, taken: list[CompletedGroup], version: int
   bound = trainer.cfg.batch.max_staleness
   out = Freshness([], [], 0)
   for c in taken:
+    if c.overdue:
+      log.info("group %s (%s, %s) dropped: past its deadline of %g s (rollout.group_deadline_s)", c.group.key,
+               c.group.task.task_id, c.group.harness, trainer.cfg.rollout.group_deadline())
+      out.overdue.append(c)
+      continue
     calls = [call for rollout in trainer.layout.load([c.path]).calls.values() for call in rollout]
     out.unversioned_calls += sum(call.status == "ok" and call.policy_version is None for call in calls)
     (out.stale if call_staleness(calls, version) > bound else out.fresh).append(c)

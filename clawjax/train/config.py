@@ -23,7 +23,7 @@ from clawjax.harness.adapters import ADAPTERS
 from clawjax.harness.rollout import RolloutConfig
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.losses import check_loss
-from clawjax.run.settings import EngineSettings, ModelSettings
+from clawjax.run.settings import EngineSettings, ModelSettings, harness_context_problem
 from clawjax.serving.server import ShimConfig
 from clawjax.sharding import CompileTarget, MeshConfig
 from clawjax.train.cold_start import SFTConfig, check_demonstrator
@@ -38,9 +38,9 @@ TRAINABLE_BACKENDS = ("embedded", "sglang")
 # and kept on this host, not what it trains on.
 RESUMABLE_CHANGES = ("steps", "progress", "plot", "tensorboard", "concurrency", "checkpoint_every",
                      "keep_checkpoints", "allow_config_change", "eval_every", "eval_samples",
-                     "empty_step_retries", "max_skipped_steps", "engine.url", "engine.export_dir",
-                     "engine.push_mode", "rollout.work_root", "rollout.sandbox", "rollout.keep_dirs",
-                     "rollout.cores", "distributed", "compile")
+                     "empty_step_retries", "max_skipped_steps", "failing_harness_steps", "engine.url",
+                     "engine.export_dir", "engine.push_mode", "rollout.work_root", "rollout.sandbox",
+                     "rollout.keep_dirs", "rollout.cores", "distributed", "compile")
 
 
 SFT_ONE_PROCESS = ("the cold start through the harness runs in one process; with several, set sft.steps=0 "
@@ -84,6 +84,9 @@ class TrainConfig:
   # The run stops after this many consecutive steps with an update skipped for a non-finite loss or
   # gradient (the parameters were kept; the message names the step data to inspect).
   max_skipped_steps: Count = 3
+  # The run stops, naming the harness and its reason, after this many steps in a row in which a harness
+  # failed every one of its rollouts the same way (clawjax/train/failing_harness.py); 0: never.
+  failing_harness_steps: NonNegative[int] = 1
   model: ModelSettings = ModelSettings()
   engine: EngineSettings = EngineSettings()
   # The learner's mesh: every device of every process by default (data parallel); without a -1 axis,
@@ -101,6 +104,7 @@ class TrainConfig:
 
   def __post_init__(self):
     config_lib.import_plugins(self.plugins)
+    context = harness_context_problem(self.harnesses, self.shim.max_context, self.engine)
     checks = [
         ("tasks", self.tasks and pathlib.Path(self.tasks).exists(), f"{self.tasks!r} does not exist"),
         ("harnesses", self.harnesses and set(self.harnesses) <= set(ADAPTERS),
@@ -108,6 +112,7 @@ class TrainConfig:
         ("rollout.harness.codex_compact_reserve", "codex" not in self.harnesses
          or 0 <= self.rollout.harness.codex_compact_reserve < self.shim.max_context,
          f"{self.rollout.harness.codex_compact_reserve} must be at least 0 and below shim.max_context"),
+        ("harnesses", not context, context),
         ("engine.backend", self.engine.backend in TRAINABLE_BACKENDS,
          f"{self.engine.backend!r}: training updates the engine's weights, so one of {TRAINABLE_BACKENDS}"),
         ("shim.log_dir", not self.shim.log_dir, "is set by the run (WORKDIR/calls); leave it out"),

@@ -15,12 +15,13 @@ import dataclasses
 import pathlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from clawjax.calllog import CallLogWriter
-from clawjax.run.session import PolicySession, RolloutJob
+from clawjax.run.deadline import GroupClock, Timer
+from clawjax.run.session import PolicySession, RolloutJob, clocked_rollout
 from clawjax.tasks import Task
 
 
@@ -63,16 +64,21 @@ class CompletedGroup:
   path: pathlib.Path   # its rollout records (the shim's call logs are in the session's log dir)
   wall_s: float        # from its launch to its last rollout's end
   launch_version: int  # the policy version when it was launched: no call of it was sampled by an older one
+  overdue: bool = False  # past its deadline with rollouts given up (clawjax.run.deadline): not trained
 
 
 class GroupRunner:
   """Runs groups' rollouts through a session, `concurrency` at a time, in launch order; `take` returns n
   completed groups, the earliest launched (then the oldest in data order) first. A straggling group
   holds no one up until it must be taken so that it, and every group launched before it, is trained in
-  time: later groups complete past it and are taken instead, while it can still be trained later."""
+  time: later groups complete past it and are taken instead, while it can still be trained later. No
+  group is waited for past `deadline_s` from its first rollout's start: it then completes `overdue`, its
+  rollouts still running given up (clawjax.run.deadline), so `take` returns by then whatever hangs."""
 
-  def __init__(self, session: PolicySession, rollouts_per_task: int, concurrency: int, out_dir: pathlib.Path):
+  def __init__(self, session: PolicySession, rollouts_per_task: int, concurrency: int, out_dir: pathlib.Path,
+               deadline_s: float, timer: Callable[[float, Callable[[], None]], Timer] = threading.Timer):
     self.session, self.rollouts, self.out_dir = session, rollouts_per_task, out_dir
+    self.deadline_s, self._timer = deadline_s, timer
     self._pool = concurrent.futures.ThreadPoolExecutor(max(1, concurrency), thread_name_prefix=THREAD_PREFIX)
     self._cv = threading.Condition()
     self._done: list[CompletedGroup] = []
@@ -87,17 +93,19 @@ class GroupRunner:
     writer = CallLogWriter(path)
     remaining = [self.rollouts]
     started = time.time()
+    clock = GroupClock(self.deadline_s, self.rollouts, self._timer)
+    label = f"s{group.step}"
 
     def one(job: RolloutJob) -> None:
       try:
-        self.session.rollout(job, writer, label=f"s{group.step}")
+        clocked_rollout(self.session, clock, job, writer, label)
       finally:
         with self._cv:
           remaining[0] -= 1
           if remaining[0] == 0:
             writer.close()
             del self._running[group.index]
-            self._done.append(CompletedGroup(group, path, time.time() - started, version))
+            self._done.append(CompletedGroup(group, path, time.time() - started, version, clock.overdue))
             self._cv.notify_all()
 
     with self._cv:
@@ -137,5 +145,6 @@ class GroupRunner:
       return [c.group for c in self._done]
 
   def close(self) -> None:
-    """Drops the rollouts not started; waits for the running ones (they end by their own timeouts)."""
+    """Drops the rollouts not started; waits for the running ones (they end by their own timeouts, or
+    are given up at their group's deadline)."""
     self._pool.shutdown(wait=True, cancel_futures=True)

@@ -9,6 +9,9 @@ failures are too long would train its successes at A = 0).
 Which rollouts are trained (each exclusion is counted under its reason in `StepData.counts`):
   unreadable  a record of the rollout could not be read (clawjax.calllog.load names the file and line):
               the rollout is left out whole, not trained on the calls that remain: `unreadable`;
+  overdue     every rollout of a group that passed its deadline (`rollout.group_deadline_s`: a record
+              with `extra.overdue` stands for each rollout given up), also those that ended in time:
+              `overdue` (and the groups: `overdue_groups`);
   status      the rollout record is not "ok" (crashed, timed out, unscored): `status_<status>`;
   no_record   calls without a rollout record (the rollout never finished): `no_record`;
   reward      a reward that is not finite, or outside `reward_range` with `out_of_range="reject"`:
@@ -93,6 +96,8 @@ class StepData:
   tree_stats: dict[str, float]     # sums: trained rollouts, unique/path/loss tokens, leaves, drift, groups
   staleness: dict[int, int] = dataclasses.field(default_factory=dict)  # versions behind -> trained calls
   failures: list[str] = dataclasses.field(default_factory=list)  # failure_reasons of the step's rollouts
+  # Per harness: {"rollouts": its rollouts of the step, "failed": {failure_line: count} of those "failed"}
+  harnesses: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
   out_of_vocab: str | None = None  # the first call left out for a token id outside the vocabulary
 
 
@@ -132,11 +137,17 @@ def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filte
   for rid, problem in sorted(loaded.excluded.items()):
     counts["unreadable"] += 1
     log.warning("rollout %s left out: a record could not be read: %s", rid, problem)
+  overdue = {group_key(r) for r in loaded.rollouts.values() if (r.extra or {}).get("overdue")}
+  if overdue:
+    counts["overdue_groups"] = len(overdue)
   for rid in loaded.rollout_ids():
     record = loaded.rollouts.get(rid)
     calls = loaded.calls.get(rid, [])
     if record is None:
       counts["no_record"] += 1
+      continue
+    if group_key(record) in overdue:
+      counts["overdue"] += 1
       continue
     reward, why = _reward(record, batch)
     if why:
@@ -211,7 +222,7 @@ def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filte
   if out_of_vocab:
     log.warning("%d rollouts not trained: %s", counts["token_out_of_vocab"], out_of_vocab)
   return StepData(batches, scores, dict(counts), rewards, groups, tree_stats, dict(sorted(staleness.items())),
-                  failure_reasons(loaded), out_of_vocab)
+                  failure_reasons(loaded), harness_outcomes(loaded), out_of_vocab)
 
 
 def has_data(data: StepData, step: int) -> bool:
@@ -230,21 +241,36 @@ def has_data(data: StepData, step: int) -> bool:
   return sum(p["trained"] for p in parts) > 0
 
 
+def failure_line(record: RolloutRecord) -> str:
+  """Why a rollout that is not ok failed, in one line: its status, the runner's reason with the
+  harness's last words (its JSON result's error, or its last stderr line: where "Prompt is too long" or
+  a ModuleNotFoundError inside a sandbox shows), and that stderr line where the reason lacks it."""
+  extra = record.extra or {}
+  stderr = [line.strip() for line in str(extra.get("stderr_tail") or "").splitlines() if line.strip()]
+  reason = str(extra.get("reason") or "no reason recorded")
+  parts = [record.status, reason]
+  if stderr and stderr[-1][:300] not in reason:
+    parts.append(f"stderr: {stderr[-1][:300]}")
+  return "; ".join(parts)
+
+
 def failure_reasons(loaded: LoadedLog, limit: int = 5) -> list[str]:
-  """Why the rollouts of a step failed, most frequent first: status, the runner's reason and the last
-  line of the harness's stderr (where a ModuleNotFoundError inside a sandbox, say, shows), with counts."""
-  reasons: collections.Counter[str] = collections.Counter()
-  for record in loaded.rollouts.values():
-    if record.status == "ok":
-      continue
-    extra = record.extra or {}
-    stderr = [line for line in str(extra.get("stderr_tail") or "").splitlines() if line.strip()]
-    parts = [record.status, str(extra.get("reason") or "no reason recorded")]
-    if stderr:
-      parts.append(f"stderr: {stderr[-1][:300]}")
-    reasons["; ".join(parts)] += 1
+  """Why the rollouts of a step failed (`failure_line`), most frequent first, with counts."""
+  reasons = collections.Counter(failure_line(r) for r in loaded.rollouts.values() if r.status != "ok")
   reasons.update(f"unreadable: {problem}" for problem in loaded.excluded.values())
   return [f"{n} x {reason}" for reason, n in reasons.most_common(limit)]
+
+
+def harness_outcomes(loaded: LoadedLog) -> dict[str, dict[str, Any]]:
+  """StepData.harnesses of a step's log."""
+  out: dict[str, dict[str, Any]] = {}
+  for record in loaded.rollouts.values():
+    o = out.setdefault(record.harness, {"rollouts": 0, "failed": {}})
+    o["rollouts"] += 1
+    if record.status == "failed":
+      line = failure_line(record)
+      o["failed"][line] = o["failed"].get(line, 0) + 1
+  return out
 
 
 def summary(data: StepData) -> dict[str, Any]:
@@ -252,7 +278,7 @@ def summary(data: StepData) -> dict[str, Any]:
   `step_metrics` merges them."""
   return {"rewards": data.rewards, "groups": {rid: list(g) for rid, g in data.groups.items() if rid in data.rewards},
           "counts": data.counts, "tree": data.tree_stats, "staleness": {str(k): v for k, v in data.staleness.items()},
-          "failures": data.failures}
+          "failures": data.failures, "harnesses": data.harnesses}
 
 
 def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:

@@ -25,6 +25,7 @@ from clawjax.rl.checkpoint import Checkpointer
 from clawjax.rl.learner import Learner
 from clawjax.run.session import PolicySession, PolicyUpdateError
 from clawjax.train.config import TrainConfig
+from clawjax.train.failing_harness import FailingHarnesses, HarnessFailedError
 from clawjax.train.layout import RunLayout
 from clawjax.train.learner_view import write_learner_view
 from clawjax.train.metrics import MetricsWriter
@@ -86,6 +87,7 @@ class StepTrainer:
     self.trainer, self.session, self.learner, self.cursor = trainer, session, learner, cursor
     self.vocab_size: int = learner.policy_model().cfg.vocab_size  # the ids a step's data may hold
     self.skipped_steps = 0
+    self.failing_harnesses = FailingHarnesses(trainer.cfg.failing_harness_steps)
     self.clock = progress.StepClock(trainer.cfg.steps)
 
   def train(self, step: int, data: StepData, extra: dict[str, float], data_path) -> None:
@@ -113,6 +115,7 @@ class StepTrainer:
           f"{trainer.layout.calls_dir}")
     self.cursor["step"] = step
     parts = distributed.allgather_json({**summary(data), "extra": extra})
+    failing = self.failing_harnesses.check(parts, step)
     m.update(step_metrics(parts))
     m.update(_merge_extra([p["extra"] for p in parts]))
     m.update({"learner_s": learner_s, "num_processes": float(len(parts))})
@@ -128,7 +131,7 @@ class StepTrainer:
       trainer.metrics.write("rl", step, m)
       raise
     m.update({"push_s": time.time() - t2, "policy_version": float(self.session.version)})
-    if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+    if step % cfg.checkpoint_every == 0 or step == cfg.steps or failing:
       trainer.ckpt.save(learner.state, cursor=self.cursor)
     trainer.metrics.write("rl", step, m)
     failures = [f for p in parts for f in p["failures"]]
@@ -136,5 +139,7 @@ class StepTrainer:
              m.get("reward/mean", float("nan")), int(m["rollouts_ok"]), int(m["rollouts"]),
              m["rollout_s"], learner_s, self.clock.tick(step),
              "; failures: " + " | ".join(failures) if failures else "")
+    if failing:
+      raise HarnessFailedError(failing)
     if cfg.eval_every and step % cfg.eval_every == 0 and distributed.is_primary():
       trainer.evaluate(self.session, step)

@@ -211,7 +211,8 @@ class Trainer:
       _set_aside(path)
       path.parent.mkdir(parents=True, exist_ok=True)
       with CallLogWriter(path) as writer:
-        session.run(jobs, writer, label=f"s{step}", desc=f"step {step}/{self.cfg.steps}")
+        session.run(jobs, writer, label=f"s{step}", desc=f"step {step}/{self.cfg.steps}",
+                    group_deadline_s=self.cfg.rollout.group_deadline())
     return jobs, path, replayed
 
   def _step_data(self, session: PolicySession, step: int, vocab_size: int

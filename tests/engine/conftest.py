@@ -1,6 +1,7 @@
 """Shared fixtures: a tiny random model (512-token vocabulary) and engines over it."""
 
 import functools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import pytest
 from flax import nnx
 
 from clawjax.engine.engine import Engine, EngineConfig
+from clawjax.generation import SamplingParams
 from clawjax.models.config import preset
 from clawjax.models.model import Decoder, causal_inputs
 
@@ -58,3 +60,26 @@ def engine(model):
 
 def prompt(seed: int, n: int) -> list[int]:
   return [int(t) for t in np.random.default_rng(seed).integers(0, 512, n)]
+
+
+class Parker:
+  """A companion request that parks the engine thread: its token callback (which runs there) waits, from the
+  first decoded run it gets while `running` requests hold slots (itself included), until `release()`. The
+  other requests stay in their slots mid-generation meanwhile; `parked` is set once the engine waits."""
+  PROMPT = prompt(99, 10)
+  SAMPLING = SamplingParams(max_new_tokens=60, temperature=0.0)
+
+  def __init__(self, engine, running: int, sampling: SamplingParams = SAMPLING):
+    self.parked, self._go = threading.Event(), threading.Event()
+    runs = []
+
+    def on_tokens(ids, logprobs):
+      runs.append(ids)
+      if len(runs) > 1 and not self._go.is_set() and engine.stats()["running"] >= running:
+        self.parked.set()
+        self._go.wait(120)
+
+    self.future = engine.submit(self.PROMPT, sampling, on_tokens)
+
+  def release(self) -> None:
+    self._go.set()

@@ -4,14 +4,16 @@ cached keys read block by block."""
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from clawjax.engine import kv_forward
 from clawjax.engine.engine import Engine
 from clawjax.generation import SamplingParams
-from tests.engine.conftest import SMALL, learner_logprobs, prompt
+from tests.engine.conftest import SMALL, full_logits, learner_logprobs, prompt
 
 
 def _run(model, config, cases):
@@ -95,27 +97,66 @@ def test_prefill_dispatches_hold_at_most_prefill_tokens(model):
 
 def test_cached_attention_by_key_blocks_equals_float64_brute_force():
   """The queries' attention to their slots' cached keys, read in blocks of 16 (online softmax, stopping after
-  the last block any query reaches) and in one score array: both equal float64 brute force. Rows of one
-  call reach different lengths; GQA, 4 query heads over 2 cached ones."""
+  the block of the last real query) and in one score array: both equal float64 brute force. Rows of one
+  call reach different lengths; GQA, 4 query heads over 2 cached ones. A padding row sits at the cache's end
+  (the engine's padding position) and every value past the real rows' reach is NaN: a block read there
+  would turn the real rows' outputs to NaN, so the padding row must not extend the reach."""
   rng = np.random.default_rng(0)
   layers, slots, kv, capacity, h, n, t = 2, 5, 2, 160, 8, 4, 6
   k_cache, v_cache = (rng.normal(size=(layers, slots, kv, capacity, h)).astype(np.float32) for _ in range(2))
-  slots_B = np.array([3, 0, 4], np.int32)
-  positions_BT = np.array([40, 90, 61], np.int32)[:, None] + np.arange(t, dtype=np.int32)[None]  # < 128
-  q_BTNH = rng.normal(size=(3, t, n, h)).astype(np.float32)
+  slots_B = np.array([3, 0, 4, 0], np.int32)
+  positions_BT = np.array([40, 90, 61, capacity - t], np.int32)[:, None] + np.arange(t, dtype=np.int32)[None]
+  reach = 95  # the real rows' last position (< 128)
+  v_cache[:, :, :, 96:] = np.nan  # past the block of position 95
+  q_BTNH = rng.normal(size=(4, t, n, h)).astype(np.float32)
 
   want = np.zeros(q_BTNH.shape)
-  for b, slot in enumerate(slots_B):
+  for b, slot in enumerate(slots_B[:3]):
     for i, pos in enumerate(positions_BT[b]):
       for head in range(n):
         k_SH, v_SH = (c[1, slot, head // (n // kv), :pos + 1].astype(np.float64) for c in (k_cache, v_cache))
         s_S = k_SH @ q_BTNH[b, i, head].astype(np.float64) / np.sqrt(h)
         p_S = np.exp(s_S - s_S.max())
         want[b, i, head] = p_S @ v_SH / p_S.sum()
-  for block in (16, 128):  # 128 = cache_len: one score array
+  for block, cache_len in ((16, 128), (96, 96)):  # 96 = cache_len: one score array
     got = kv_forward.cached_attention(jnp.asarray(q_BTNH), jnp.asarray(k_cache), jnp.asarray(v_cache), 1,
-                                      jnp.asarray(slots_B), jnp.asarray(positions_BT), 128, block)
-    np.testing.assert_allclose(np.asarray(got), want, atol=2e-6)
+                                      jnp.asarray(slots_B), jnp.asarray(positions_BT), cache_len, block,
+                                      jnp.int32(reach))
+    np.testing.assert_allclose(np.asarray(got)[:3], want[:3], atol=2e-6)
+
+
+def test_padding_rows_do_not_extend_the_keys_read(model):
+  """A padded batch, one row longer than the others: prefill and decode dispatches read the cache up to the
+  block of the real rows' last position, whatever the padding rows' positions (the cache's end). Every cached
+  value past that block is NaN, so a block read there would show; tokens and log-probs are the learner's."""
+  config = dataclasses.replace(SMALL, attention_block=16)
+  runner = kv_forward.KVRunner(model, config, [jax.devices()[0]])
+  weights = runner.weights(nnx.state(model))
+  inputs = [prompt(70, 5), prompt(71, 50), prompt(72, 20)]  # 3 rows: padded to 4
+  steps, new = 8, 9  # the prefill's token, then one decode dispatch of 8
+  last = max(len(ids) for ids in inputs) + steps - 1  # the last position a real row writes or reads
+  k_cache, v_cache = runner.init_cache()
+  v_cache = v_cache.at[:, :, :, (last // 16 + 1) * 16:].set(jnp.nan)
+  cache = (k_cache, v_cache)
+  greedy = SamplingParams(max_new_tokens=new, temperature=0.0)
+  key = np.zeros(2, np.uint32)
+  chunks = [kv_forward.PrefillChunk(slot, np.asarray(ids, np.int32), 0, key, greedy) for slot, ids in enumerate(inputs)]
+  cache, first, _ = runner.prefill(weights, cache, chunks)
+  decode = [kv_forward.DecodeRow(slot, int(first[slot]), len(ids), key, 1, new - 1, greedy)
+            for slot, ids in enumerate(inputs)]
+  cache, runs, logprobs = runner.decode(weights, cache, decode, steps)
+  for slot, ids in enumerate(inputs):
+    out = [int(first[slot])] + [int(x) for x in runs[slot]]
+    assert len(out) == new
+    seq = list(ids)
+    for _ in range(new):  # brute force: one full forward per token, no cache
+      seq.append(int(np.argmax(full_logits(model, seq)[-1])))
+    assert out == seq[len(ids):]
+    np.testing.assert_allclose(logprobs[slot], learner_logprobs(model, ids, out, 0.0)[1:], atol=1e-4)
+  # Both dispatches had a padding row at the cache's end; the prefill's reach is its real rows'.
+  rows, _ = runner.prefill_batch(chunks)
+  assert len(rows.slots) == 4 and rows.starts[3] + rows.tokens.shape[1] == runner.capacity and rows.reach == 49
+  assert runner.decode_batch(decode, steps)[0].positions[3] == runner.capacity - 1
 
 
 def test_keys_read_block_by_block_give_the_same_tokens_and_logprobs(model):

@@ -166,6 +166,29 @@ def test_weight_update_changes_outputs_and_bumps_version(model):
     eng.close()
 
 
+def test_the_caller_may_delete_its_arrays_once_the_engine_has_its_weights(model):
+  """The engine shares the caller's device and dtypes here, where a move would be a no-op: Engine(model) and
+  update_params copy what they keep, so deleting every array the caller handed over (as a learner that
+  donates its state does) leaves the next requests working, on the weights that were handed over."""
+  ids, s = prompt(14, 20), SamplingParams(max_new_tokens=8, temperature=1.0, seed=14)
+
+  def handed_over_and_deleted(seed: int, model: Decoder) -> None:
+    for x in jax.tree.leaves(nnx.state(model)):
+      x.delete()
+    r = eng.submit(ids, s).result(timeout=120)
+    np.testing.assert_allclose(r.output_logprobs, learner_logprobs(tiny_model(seed), ids, r.output_ids, 1.0),
+                               atol=1e-4)
+
+  first, second = tiny_model(5), tiny_model(6)
+  eng = Engine(first, SMALL)
+  try:
+    handed_over_and_deleted(5, first)
+    assert eng.update_params(nnx.state(second)) == 1
+    handed_over_and_deleted(6, second)
+  finally:
+    eng.close()
+
+
 @pytest.mark.parametrize("mode", ["drain", "abort"])
 def test_request_in_flight_during_update_never_mixes_versions(model, mode):
   eng = Engine(model, dataclasses.replace(SMALL, update_mode=mode))

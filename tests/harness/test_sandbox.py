@@ -7,7 +7,9 @@ import http.server
 import logging
 import os
 import pathlib
+import shutil
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -185,6 +187,17 @@ def test_auto_mode_falls_back_loudly_when_bwrap_cannot_run(dirs, monkeypatch, ca
   assert out.strip() == str(dirs[1])
 
 
+def test_the_fallback_is_logged_once_not_once_a_rollout(dirs, monkeypatch, caplog):
+  """(A run without bubblewrap logged it for 816 of its 1,023 lines.) Every result still says it."""
+  reason = f"bwrap not found on PATH ({dirs[0].name})"
+  monkeypatch.setattr(sandbox, "bwrap_problem", lambda: reason)
+  with caplog.at_level(logging.WARNING, logger=sandbox.__name__):
+    results = [_run(dirs, "print(1)")[0] for _ in range(3)]
+  assert [r.fallback_reason for r in results] == [reason] * 3
+  assert [r.getMessage() for r in caplog.records].count(
+      f"harness sandbox: falling back to a plain subprocess (no isolation): {reason}") == 1
+
+
 @pytest.mark.parametrize("problem", ["bwrap not found on PATH (Debian: apt-get install -y bubblewrap)",
                                      "bwrap cannot create namespaces here: Operation not permitted"])
 def test_bwrap_mode_refuses_to_run_without_it_and_names_the_install(dirs, monkeypatch, problem):
@@ -232,3 +245,33 @@ def test_read_only_paths_under_tmp_stay_visible(dirs):
     """, ro_paths=[install])
   assert str(install).startswith("/tmp/")
   assert result.returncode == 0 and out.strip() == "TOOL", err
+
+
+# Run in a second process whose clawjax is a copy on PYTHONPATH: what Python inside the sandbox imports.
+_WHICH_CLAWJAX = """
+import pathlib, sys, clawjax
+from clawjax.harness import sandbox
+tmp = pathlib.Path(sys.argv[1])
+spec = sandbox.SandboxSpec(argv=[sys.executable, "-P", "-c", "import clawjax; print(clawjax.__file__)"],
+                           workspace=tmp / "ws", home=tmp / "home", env={"PATH": "/usr/bin:/bin"}, timeout_s=60,
+                           stdout_path=tmp / "out", stderr_path=tmp / "err", loopback_ports=[int(sys.argv[3])])
+result = sandbox.run(spec, sandbox.SandboxConfig(mode=sys.argv[2]))
+print(clawjax.__file__, result.returncode, (tmp / "out").read_text().strip(), (tmp / "err").read_text()[-300:])
+"""
+
+
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=needs_bwrap), "none"])
+def test_python_inside_imports_the_clawjax_this_process_imports(dirs, http_server, mode):
+  """A checkout run through PYTHONPATH while the venv's own install of clawjax names another checkout (an
+  editable install), or none: the relay and the harness's Python inside import this process's clawjax
+  (the other one is not mounted under bwrap: "No module named 'clawjax'" in every rollout)."""
+  tmp, _, _ = dirs
+  here = pathlib.Path(sandbox.__file__).parents[1]
+  shutil.copytree(here, tmp / "checkout" / "clawjax", ignore=lambda d, names: [n for n in names if n in ("__pycache__", "data")])
+  env = {**os.environ, "PYTHONPATH": str(tmp / "checkout")}
+  out = subprocess.run([sys.executable, "-c", _WHICH_CLAWJAX, str(tmp), mode, str(http_server)], env=env, cwd=tmp,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  imported, returncode, inside, err = (out.stdout.split(" ", 3) + ["", "", ""])[:4]
+  assert imported == str(tmp / "checkout" / "clawjax" / "__init__.py")
+  assert (returncode, inside) == ("0", imported), err

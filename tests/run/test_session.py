@@ -24,7 +24,7 @@ def _config(tmp_path):
       "tasks": str(bundled_tasks_dir()), "harnesses": ("mini",), "tensorboard": False,
       "model": {"init": "smollm2-135m", "random_init": True, "template": "smollm2",
                 "overrides": dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)},
-      "engine": {"options": {"max_slots": 2, "max_seq_len": 64}},
+      "engine": {"options": {"max_slots": 2, "max_seq_len": 512}},
       "learner": {"lr": 1e-2, "logits_chunk": 16},
   })
 

@@ -59,6 +59,10 @@ class SimClock:
       self._cv.wait_for(lambda: self.now >= wake[0])
       self._events += 1
 
+  def timer(self, units: float, fn: Callable[[], None]) -> "SimTimer":
+    """A threading.Timer on this clock (what times the groups' deadlines)."""
+    return SimTimer(self, units, fn)
+
   def close(self) -> None:
     self._stop.set()
     self._ticker.join()
@@ -93,6 +97,27 @@ class SimClock:
         self._cv.notify_all()
 
 
+class SimTimer:
+  """threading.Timer's interface: `fn` runs `units` clock units after `start`, unless cancelled first. Its
+  thread is one of the simulation's (it sleeps on the clock)."""
+
+  def __init__(self, clock: SimClock, units: float, fn: Callable[[], None]):
+    self.clock, self.units, self.fn = clock, units, fn
+    self.daemon = True
+    self._cancelled = threading.Event()
+
+  def start(self) -> None:
+    threading.Thread(target=self._run, name=f"{GROUP_THREADS}-timer", daemon=True).start()
+
+  def cancel(self) -> None:
+    self._cancelled.set()
+
+  def _run(self) -> None:
+    self.clock.sleep(self.units)
+    if not self._cancelled.is_set():
+      self.fn()
+
+
 # What a rollout of the simulated session does, from (its job, its label, how often it ran before).
 Behaviour = Callable[[RolloutJob, str, int], bool]
 # The policy version its call records, from (its job, its label, how often it ran before, the version
@@ -118,15 +143,20 @@ class SimSession:
     self.call_version, self.fails = call_version, fails
     self.runs_of: collections.Counter[int] = collections.Counter()
     self.version = 0
+    self.process_index = 0
     self._ids = itertools.count()
     self._runs: collections.Counter[tuple[str, str, int]] = collections.Counter()
     self._lock = threading.Lock()
 
-  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str) -> None:
+  def record_extra(self, job: RolloutJob) -> dict[str, Any]:
+    return {"group": job.group}
+
+  def rollout(self, job: RolloutJob, writer: CallLogWriter, label: str, rid: str | None = None) -> None:
     version = self.version
     with self._lock:
-      rid = f"{label}-{job.task.task_id}-{job.index}-{next(self._ids)}"
-      rng = np.random.default_rng(len(rid))
+      name = f"{label}-{job.task.task_id}-{job.index}-{next(self._ids)}"
+      rng = np.random.default_rng(len(name))
+      rid = rid or name
       runs = self._runs[label, job.task.task_id, job.index]
       self._runs[label, job.task.task_id, job.index] += 1
       self.runs_of[job.group] += 1
@@ -211,6 +241,7 @@ class SimRun:
   steps: SimSteps
   groups_by_step: dict[int, list[int]]  # groups trained by each step (from its groups.json)
   dropped_by_step: dict[int, list[int]]  # groups dropped as stale by each step (from its groups.json)
+  overdue_by_step: dict[int, list[int]]  # groups dropped as overdue by each step (from its groups.json)
 
 
 def never(job: RolloutJob, label: str, runs: int) -> bool:
@@ -228,11 +259,12 @@ def run(workdir: pathlib.Path, cfg: TrainConfig, tasks: list[Task], duration: Ca
                        call_version, fails)
   steps = SimSteps(session, clock, learner_time, vocab_size)
   try:
-    run_async(trainer, steps, start=0)
+    run_async(trainer, steps, start=0, timer=clock.timer)
   finally:
     clock.close()
   records = {t.step: json.loads((workdir / "steps" / f"step_{t.step}" / trainer.layout.per_process("groups.json"))
                                 .read_text()) for t in steps.trained}
   indices = lambda keys: [int(k[1:]) for k in keys]
   return SimRun(trainer, session, steps, {s: indices(r["trained"]) for s, r in records.items()},
-                {s: indices(r["dropped_stale"]) for s, r in records.items()})
+                {s: indices(r["dropped_stale"]) for s, r in records.items()},
+                {s: indices(r["dropped_overdue"]) for s, r in records.items()})

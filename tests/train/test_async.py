@@ -21,6 +21,7 @@ import pytest
 
 from clawjax.calllog import RolloutRecord, iter_records
 from clawjax.harness import adapters
+from clawjax.harness.rollout import RolloutConfig
 from clawjax.train.config import train_config
 from clawjax.train.metrics import read_metrics
 from clawjax.train.trainer import train
@@ -200,6 +201,29 @@ def test_an_empty_steps_earlier_drops_are_recorded(tmp_path):
   (t,) = [t for t in run.steps.trained if t.step == step]
   assert t.extra["groups/dropped_stale"] == 1 and t.extra["calls_without_version"] == 2
   assert sorted(g for s in run.groups_by_step.values() for g in s) == [0, 1, 2, 3]  # its second run trains
+
+
+def test_a_group_whose_rollout_hangs_is_dropped_as_overdue_and_the_run_trains_on(tmp_path):
+  """Two groups a step; one rollout of group 1 never ends (a harness or checker that hangs past every
+  timeout of its own). At its deadline (5 clock units from its start; a rollout takes about 1) the group
+  is given up: the step that takes it drops it as overdue, counts it, and trains the other group; every
+  step trains, and no group but group 1 is dropped."""
+  tasks = [sim.task(f"t{i}") for i in range(4)]
+  cfg = sim.config(3, tasks_per_step=2, rollouts=2, max_staleness=1, rollout=RolloutConfig(group_deadline_s=5.0))
+  normal = _durations(set())
+  duration = lambda job, label: 1e9 if job.group == 1 and job.index == 0 else normal(job, label)
+  run = sim.run(tmp_path, cfg, tasks, duration, learner_time=0.5)
+  assert [t.step for t in run.steps.trained] == [1, 2, 3]
+  assert {s: d for s, d in run.overdue_by_step.items() if d} == {2: [1]}  # (step 1 took groups 0 and 2)
+  assert sorted(g for step in run.groups_by_step.values() for g in step) == [0, 2, 3, 4, 5]
+  (t,) = [t for t in run.steps.trained if t.step == 2]
+  assert t.extra["groups/dropped_overdue"] == 1 and t.extra["groups/taken"] == 2
+  assert (t.data.counts["overdue"], t.data.counts["overdue_groups"]) == (2, 1)  # both rollouts: one given up
+  assert t.data.tree_stats["trained_rollouts"] == 2
+  records = [r for r in iter_records(tmp_path / "groups" / "g1.jsonl") if isinstance(r, RolloutRecord)]
+  (given_up,) = [r for r in records if r.extra.get("overdue")]
+  assert given_up.status == "timeout" and "passed its deadline of 5 s" in given_up.extra["reason"]
+  assert len(records) == 2  # the hung rollout's own record never comes; the other ended in time
 
 
 def test_a_group_with_an_unversioned_call_is_never_trained(tmp_path):

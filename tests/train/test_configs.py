@@ -153,8 +153,9 @@ def test_bad_field_in_a_file_names_its_path():
 
 def test_tuple_and_none_forms():
   base = _load(QUICKSTART).get_config()
-  assert train_config(base, ["harnesses=mini,openclaw"]).harnesses == ("mini", "openclaw")
-  assert train_config(base, ["harnesses=('openclaw', 'mini')"]).harnesses == ("openclaw", "mini")
+  wide = ["shim.max_context=8192", "engine.options.max_seq_len=8192"]  # (room for OpenClaw's own prompt)
+  assert train_config(base, ["harnesses=mini,openclaw", *wide]).harnesses == ("mini", "openclaw")
+  assert train_config(base, ["harnesses=('openclaw', 'mini')", *wide]).harnesses == ("openclaw", "mini")
   assert train_config(base, ["task_ids="]).task_ids == ()
   assert train_config(base, ["learner.grad_clip=None"]).learner.grad_clip is None
 
@@ -239,7 +240,8 @@ def test_train_py_prints_one_line_errors_and_the_resolved_config(tmp_path):
   assert bad.stderr.strip().splitlines() == ["error: config.kl_coef: unknown field; did you mean learner.kl_coef?"]
   assert not (tmp_path / "config.json").exists()
   ok = _train_py("--config=configs/quickstart.py", "--config.learner.kl_coef", "0.2",
-                 "--config.harnesses=mini,openclaw", "--print_config")
+                 "--config.harnesses=mini,openclaw", "--config.shim.max_context=8192",
+                 "--config.engine.options.max_seq_len=8192", "--print_config")
   assert ok.returncode == 0, ok.stderr
   printed = json.loads(ok.stdout)
   assert printed["learner"]["kl_coef"] == 0.2 and printed["harnesses"] == ["mini", "openclaw"]

@@ -50,6 +50,7 @@ def _config(tasks: pathlib.Path, steps: int):
   return train_config({
       "tasks": str(tasks), "harnesses": ("mini", "crash"), "tasks_per_step": 1, "rollouts_per_task": 4,
       "steps": steps, "concurrency": 4, "progress": False, "plot": True,
+      "failing_harness_steps": 0,  # (the crash harness fails every rollout: counted, the run goes on)
       "eval_tasks": str(tasks), "eval_every": 2, "eval_samples": 1,
       "model": {"init": "smollm2-135m", "random_init": True, "template": "smollm2",
                 "overrides": dict(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, mlp_dim=64)},

@@ -33,7 +33,8 @@ class EmbeddedBackend(SamplingBackend):
     if r.finish_reason == "abort":  # cut short by a weight update: retryable, as sglang.py treats it
       raise BackendError("embedded engine: request aborted by a weight update", status=503)
     return Generation(output_ids=r.output_ids, output_logprobs=r.output_logprobs,
-                      finish_reason=r.finish_reason, policy_version=r.policy_version)
+                      finish_reason=r.finish_reason, policy_version=r.policy_version,
+                      cached_tokens=r.cached_tokens)
 
   async def health(self) -> bool:
     return self.engine.alive
