@@ -12,6 +12,7 @@ Routes (the subset of SGLang's API the shim's `sglang` backend uses, same JSON s
           stream's last event) only from an engine recording routes (--record-routes, or SGLang's
           --enable-return-routed-experts), in SGLang's format (routes_wire.py)
   GET  /health, /health_generate -> 200
+  GET  /v1/models -> {object: "list", data: [{id: model path, object: "model", owned_by: "sglang", root}]}
   POST /update_weights_from_disk {model_path, weight_version, abort_all_requests, flush_cache}
       -> {success, message, num_paused_requests}
   GET|POST /flush_cache[?timeout=S] -> 200 "Cache flushed..." | 400 "Flush cache failed." (text)
@@ -143,7 +144,8 @@ class EngineServer:
         web.get("/health_generate", self.health), web.post("/flush_cache", self.flush_cache),
         web.get("/flush_cache", self.flush_cache),
         web.post("/update_weights_from_disk", self.update_weights_from_disk),
-        web.get("/model_info", self.model_info), web.get("/get_model_info", self.get_model_info)])
+        web.get("/model_info", self.model_info), web.get("/get_model_info", self.get_model_info),
+        web.get("/v1/models", self.models)])
 
   @web.middleware
   async def _errors(self, request: web.Request, handler):
@@ -319,6 +321,12 @@ class EngineServer:
   async def model_info(self, request: web.Request) -> web.Response:
     return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
                               "is_generation": True, "weight_version": self._reported[self.engine.version]})
+
+  async def models(self, request: web.Request) -> web.Response:
+    """SGLang's OpenAI-style model list (one model, served as its path): a router in front (SGLang's
+    model gateway) finds the worker's backend and model by it."""
+    return web.json_response({"object": "list", "data": [{"id": self.model_path, "object": "model",
+                                                          "owned_by": "sglang", "root": self.model_path}]})
 
   async def get_model_info(self, request: web.Request) -> web.Response:
     log.warning("Endpoint '/get_model_info' is deprecated; use '/model_info' (as in SGLang 0.5.23)")

@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import time
 
 import numpy as np
 import pytest
 
 from clawjax.generation import SamplingParams
 from clawjax.server_process import free_port, running
-from clawjax.serving.backends.base import PromptIds, create_backend
+from clawjax.serving.backends.base import BackendError, PromptIds, create_backend
 
 ROUTERS = {"smg": [sys.executable, "-m", "smg", "launch"],
            "sglang_router": [sys.executable, "-m", "sglang_router.launch_router"]}
@@ -23,11 +24,20 @@ PROMPT = list(range(3, 40))
 PARAMS = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
 
 
-def _generate(url: str, routes_from: int):
+def _generate(url: str, routes_from: int, wait_s: float = 0.0):
+  """The `sglang` backend's generation of PROMPT asking for routes from `routes_from`, retried for up to
+  `wait_s` while the router has no worker ready yet (it registers them after its own /health answers)."""
   async def run():
     backend = create_backend("sglang", url=url, model="test-tiny-moe", routed_experts=2)
+    deadline = time.monotonic() + wait_s
     try:
-      return await backend.generate(PromptIds(PROMPT, routing_key="rollout-1", routes_from=routes_from), PARAMS)
+      while True:
+        try:
+          return await backend.generate(PromptIds(PROMPT, routing_key="rollout-1", routes_from=routes_from), PARAMS)
+        except BackendError:
+          if time.monotonic() > deadline:
+            raise
+          await asyncio.sleep(1.0)
     finally:
       await backend.close()
 
@@ -46,7 +56,7 @@ def test_routes_through_the_router(router):
           f"http://127.0.0.1:{worker}", "--prometheus-port", str(free_port()), "--log-level", "warn"]
   with running(engine, f"http://127.0.0.1:{worker}/health"), running(argv, f"http://127.0.0.1:{port}/health"):
     direct = _generate(f"http://127.0.0.1:{worker}", 0)
-    whole, tail = (_generate(f"http://127.0.0.1:{port}", start) for start in (0, 30))
+    whole, tail = (_generate(f"http://127.0.0.1:{port}", start, wait_s=90.0) for start in (0, 30))
   computed = len(PROMPT) + len(direct.output_ids) - 1
   assert direct.routed_experts.start == 0 and direct.routed_experts.end == computed
   assert whole.output_ids == tail.output_ids == direct.output_ids  # (the same seed)
