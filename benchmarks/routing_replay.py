@@ -167,8 +167,8 @@ PARTS = {"engine": engine_part, "learner": learner_part, "log": log_part, "misma
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
-  parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--new-tokens", type=int, default=64)
+  parser.add_argument("--rounds", type=int, default=7)
+  parser.add_argument("--new-tokens", type=int, default=1000)
   parser.add_argument("--json", action="store_true")
   args = parser.parse_args(argv)
   result = {"environment": describe_environment(), "loadavg_before": os.getloadavg()}
