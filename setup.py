@@ -55,6 +55,8 @@ setuptools.setup(
             "jinja2>=3.1,<4",
             "playwright>=1.40,<2",  # drives Debian's chromium for the HTML viewer and report tests
             "sglang-router>=0.3,<0.4",  # SGLang's router in front of engine replicas (its tests)
+            # SGLang's model gateway, sglang-router's successor: forwards return_routed_experts (its test)
+            "smg>=1.13,<2",
         ],
     },
 )

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from clawjax.calllog import MAX_TOKEN_ID, is_logprob, is_token_id
+from clawjax.routes import RoutedExperts
 
 # "stop": a stop token ended the turn; "length": max_new_tokens; "abort": the engine gave up.
 FINISH_REASONS = ("stop", "length", "abort")
@@ -49,12 +50,16 @@ class Generation:
   policy_version: the weights version that sampled every token of it (None if the engine has none).
   cached_tokens: prompt tokens whose keys/values the engine had cached (None if it does not say): how
     well calls of one rollout land where their prefix is.
+  routed_experts: the expert ids the engine's MoE layers chose (clawjax.routes), of every position it
+    computed, [len(prompt) + len(output) - 1, layers, top_k], or of those from `start` on when only those
+    were asked for (`GenerationRequest.routes_from`); None when the engine reports none.
   """
   output_ids: tuple[int, ...]
   output_logprobs: tuple[float, ...]
   finish_reason: str
   policy_version: int | None = None
   cached_tokens: int | None = None
+  routed_experts: RoutedExperts | None = None
 
   def __post_init__(self):
     # An engine's bad answer fails here, as a backend failure (an error record and an API error), not

@@ -1,13 +1,16 @@
 """Call-log validation: every bad field is an error naming file, line and field; collect mode keeps
-the good rollouts; the writer fsyncs each record and what it writes loads back equal."""
+the good rollouts; the writer fsyncs each record and what it writes loads back equal, routes included
+(each position once, in the sidecar)."""
 
 import json
 import os
 
+import numpy as np
 import pytest
 
 from clawjax import calllog
 from clawjax.calllog import CallLogError, CallLogWriter, CallRecord, RolloutRecord
+from clawjax.routes import RoutedExperts
 
 GOOD_CALL = {
     "schema": "clawjax.call/1", "rollout_id": "r1", "task_id": "t", "harness": "h", "call_index": 0,
@@ -167,3 +170,74 @@ def test_collect_mode_drops_a_rollout_whose_reference_is_broken(tmp_path):
   assert sorted(log.calls) == ["r1"]
   assert any(":3:" in p and "output_logprobs" in p for p in log.problems)
   assert any(":4:" in p and "input_ref" in p for p in log.problems)
+
+
+def _routes(seq_len, start=0, layers=2, top_k=2, seed=0):
+  ids = np.random.default_rng(seed).integers(0, 200, (seq_len - 1, layers, top_k))
+  return ids[start:]
+
+
+def _written_with_routes(tmp_path):
+  """Call 0 (input [1,2,3], output [4,5]) with its routes, then call 1 in the reference form past them, and
+  an unrelated call 2 with routes of its own; as the shim's writer writes them."""
+  call0 = calllog.parse_record(GOOD_CALL, "x")
+  full1 = _routes(8, seed=1)
+  full1[:4] = _routes(5)  # call 1 repeats call 0's positions
+  call1 = CallRecord(**{**call0.__dict__, "call_index": 1, "input_ids": (1, 2, 3, 4, 5, 6), "output_ids": (7, 8),
+                        "routed_experts": RoutedExperts(4, full1[4:])})
+  call0 = CallRecord(**{**call0.__dict__, "routed_experts": RoutedExperts(0, _routes(5))})
+  call2 = CallRecord(**{**call0.__dict__, "call_index": 2, "routed_experts": RoutedExperts(0, _routes(5, seed=2))})
+  path = tmp_path / "log.jsonl"
+  with CallLogWriter(path) as w:
+    w.write(call0)
+    w.append(calllog.record_line(call1, "x", b'"input_ref":{"call_index":0,"length":5},"input_tail":[6]'))
+    w.write(call2)
+  return path, full1
+
+
+def test_routes_round_trip_through_the_sidecar_once_per_position(tmp_path):
+  path, full1 = _written_with_routes(tmp_path)
+  calls = calllog.load(path).calls["r1"]
+  assert [c.routed_experts.start for c in calls] == [0, 4, 0]
+  assert np.array_equal(calls[0].routed_experts.full(), _routes(5))
+  assert np.array_equal(calls[1].routed_experts.full(), full1) and calls[1].routed_experts.before is calls[0].routed_experts
+  assert calls[2].routed_experts.full().dtype == np.uint8
+  # 4 + 3 + 4 positions x 2 layers x 2 choices, one byte each (ids < 256)
+  assert os.path.getsize(str(path) + calllog.ROUTES_SUFFIX) == 11 * 4
+  assert "routed_experts" not in calls[0].to_json()
+
+
+def _edit_line(path, n, change):
+  lines = path.read_text().splitlines()
+  obj = json.loads(lines[n - 1])
+  change(obj)
+  lines[n - 1] = json.dumps(obj)
+  path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("line,change", [
+    (1, lambda o: o["routed_experts"].update(dtype="int64")),
+    (1, lambda o: o["routed_experts"].update(shape=[4, 2])),
+    (1, lambda o: o["routed_experts"].update(offset=-1)),
+    (1, lambda o: o["routed_experts"].pop("crc32")),
+    (1, lambda o: o["routed_experts"].update(crc32=o["routed_experts"]["crc32"] ^ 1)),  # not these bytes
+    (1, lambda o: o["routed_experts"].update(offset=10_000)),  # past the sidecar's end
+    (1, lambda o: o["routed_experts"].update(shape=[3, 2, 2])),  # short of the 4 computed positions
+    (3, lambda o: o["routed_experts"].update(start=2, shape=[2, 2, 2])),  # start > 0 without input_ref
+    (2, lambda o: o.update(input_ref={"call_index": 0, "length": 3}, input_tail=[4, 5, 6])),  # stops before start
+])
+def test_bad_routes_name_line_and_field(tmp_path, line, change):
+  path, _ = _written_with_routes(tmp_path)
+  _edit_line(path, line, change)
+  expect_error(path, line, "routed_experts")
+
+
+def test_a_missing_sidecar_names_it_and_collect_mode_keeps_other_rollouts(tmp_path):
+  path, _ = _written_with_routes(tmp_path)
+  with open(path, "a") as f:
+    f.write(json.dumps({**GOOD_CALL, "rollout_id": "r2"}) + "\n")
+  os.remove(str(path) + calllog.ROUTES_SUFFIX)
+  with pytest.raises(CallLogError, match="routes sidecar"):
+    calllog.load(path)
+  log = calllog.load(path, errors="collect")
+  assert sorted(log.calls) == ["r2"] and log.calls["r2"][0].routed_experts is None

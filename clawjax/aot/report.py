@@ -19,7 +19,7 @@ from clawjax.aot import flops, measured, step, topology
 from clawjax.aot.spec import StepSpec
 
 FULL_DEPTH_MAX = 4
-_BYTE_FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")
+_BYTE_FIELDS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "routes_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,8 @@ class Report:
   compiler_refused: bool             # the TPU compiler stopped at its HBM check; its temporaries are reported
   bytes_per_device: dict[str, int]   # arguments, outputs, aliased (donated), temporaries, total
   hbm_bytes_per_device: int
+  # Of the arguments: the replayed routes (rollout routing replay of a MoE policy); 0 when not replaying.
+  routes_bytes_per_device: int
   fits: bool
   rows: int
   row_len: int
@@ -81,7 +83,8 @@ class Report:
         f"batch         {self.rows} rows x {self.row_len} tokens, {self.micro_batches} micro-batches",
         f"per device    arguments {gib(b['arguments'])}, outputs {gib(b['outputs'])} ({gib(b['aliased'])} "
         f"donated), temporaries {gib(b['temporaries'])}, total {gib(b['total'])} of {gib(self.hbm_bytes_per_device)}"
-        f" HBM: {'fits' if self.fits else 'DOES NOT FIT'}",
+        f" HBM: {'fits' if self.fits else 'DOES NOT FIT'}"
+        f"{f'; replayed routes {gib(self.routes_bytes_per_device)} of the arguments' if self.routes_bytes_per_device else ''}",
         f"FLOPs/step    {self.flops_per_step:.3e} (model {self.model_flops_per_step:.3e}; compiler, loop bodies "
         f"once: {self.compiler_flops_per_step if self.compiler_flops_per_step is None else f'{self.compiler_flops_per_step:.3e}'})",
         f"tokens/step   {self.tokens_per_step} ({self.active_params / 1e9:.2f}B active parameters)",
@@ -121,6 +124,7 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
   compiled = [step.compile_step(spec, mesh, n) for n in depths]
   figures = _extrapolate(compiled, layers)
   byte = {name: int(figures[f]) for name, f in zip(("arguments", "outputs", "aliased", "temporaries"), _BYTE_FIELDS)}
+  routes_bytes = int(figures["routes_bytes"])
   byte["total"] = byte["arguments"] + byte["outputs"] - byte["aliased"] + byte["temporaries"]
   layout = step.batch_layout(spec, mesh)
   n = target.device_count
@@ -142,7 +146,7 @@ def compile_report(spec: StepSpec, slice_name: str, *, full_depth: bool = False)
       remat=spec.model.remat, layers=layers,
       layers_compiled=tuple(depths), extrapolated=depths != [layers],
       compiler_refused=any(c.refused for c in compiled), bytes_per_device=byte,
-      hbm_bytes_per_device=chip.hbm_bytes, fits=byte["total"] <= chip.hbm_bytes and not any(c.refused for c in compiled), rows=layout.rows,
+      hbm_bytes_per_device=chip.hbm_bytes, routes_bytes_per_device=routes_bytes, fits=byte["total"] <= chip.hbm_bytes and not any(c.refused for c in compiled), rows=layout.rows,
       row_len=layout.row_len, micro_batches=spec.learner.micro_batches, tokens_per_step=tokens,
       active_params=flops.active_params(spec.model), flops_per_step=count.flops,
       model_flops_per_step=count.model_flops, compiler_flops_per_step=None if compiler is None else compiler * n,

@@ -22,7 +22,7 @@ from clawjax.aot import lowering, topology
 from clawjax.aot.spec import StepSpec
 from clawjax.models.config import ModelConfig
 from clawjax.models.model import Decoder
-from clawjax.rl.device_batch import DeviceBatch
+from clawjax.rl.device_batch import DeviceBatch, RouteLayout
 from clawjax.rl.learner import Learner
 from clawjax.rl.value import make_value_model
 
@@ -48,6 +48,7 @@ class CompiledStep:
   attention_lowering: str | None  # clawjax/aot/lowering.py, both programs; None when the compiler refused the step
   moe_lowering: str | None        # the same for the MoE's experts; also None without MoE layers
   refused: bool = False         # the TPU compiler stopped at its HBM check: temp_bytes is what it asked for
+  routes_bytes: int = 0         # per device: the batch's replayed routes (ids and flags), within argument_bytes
 
 
 def batch_layout(spec: StepSpec, mesh: jax.sharding.Mesh) -> BatchLayout:
@@ -57,11 +58,26 @@ def batch_layout(spec: StepSpec, mesh: jax.sharding.Mesh) -> BatchLayout:
                      loss_slots=-(-spec.row_len // chunk) * chunk)
 
 
-def _abstract_batch(layout: BatchLayout, micro: int, placed: DeviceBatch) -> DeviceBatch:
-  def one(name: str) -> jax.ShapeDtypeStruct:
+def route_layout(learner: Learner) -> RouteLayout | None:
+  """The routes a replaying step's batches carry (uint8 ids while n_experts <= 256), or None."""
+  if not learner.replay.on:
+    return None
+  return learner.replay.layout(1 if learner.replay.cfg.n_experts <= 256 else 2)
+
+
+def _abstract_batch(layout: BatchLayout, micro: int, placed: DeviceBatch,
+                    routes: RouteLayout | None = None) -> DeviceBatch:
+  def one(name: str) -> jax.ShapeDtypeStruct | None:
     rows = (micro, layout.rows // micro)
     if name == "row_order":  # [M, r]: a row's place in the global order
       return jax.ShapeDtypeStruct(rows, jnp.int32, sharding=getattr(placed, name))
+    if name in ("routes", "routed"):  # [M, r, T, moe_layers, top_k] ids and [M, r, T] flags, when replaying
+      if routes is None:
+        return None
+      moe_layers, top_k, nbytes = routes
+      shape, dtype = ((*rows, layout.row_len, moe_layers, top_k), {1: jnp.uint8, 2: jnp.uint16}[nbytes]) \
+          if name == "routes" else ((*rows, layout.row_len), jnp.bool_)
+      return jax.ShapeDtypeStruct(shape, dtype, sharding=getattr(placed, name))
     width = layout.row_len if name in _ROW_FIELDS else layout.loss_slots
     dtype = jnp.int32 if name in _ROW_FIELDS + _INT_SLOT_FIELDS else jnp.float32
     return jax.ShapeDtypeStruct((*rows, width), dtype, sharding=getattr(placed, name))
@@ -94,7 +110,9 @@ def per_device_bytes(tree: object) -> int:
 def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> CompiledStep:
   """Compiles the step of `spec`'s model cut to `layers` layers for `mesh`'s devices."""
   learner = abstract_learner(spec, spec.model.replace(n_layers=layers), mesh)
-  batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, learner.batch_sharding)
+  routes = route_layout(learner)
+  placed = learner.batch_sharding if routes else dataclasses.replace(learner.batch_sharding, routes=None, routed=None)
+  batch = _abstract_batch(batch_layout(spec, mesh), spec.learner.micro_batches, placed, routes)
   try:
     with topology.lowering_for(mesh.devices.flat[0]):
       old_compiled = learner._old.lower(learner.state, batch, learner.rest).compile()
@@ -110,7 +128,8 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
     return CompiledStep(layers=layers, argument_bytes=state + per_device_bytes((batch, learner.rest)),
                         output_bytes=state, alias_bytes=state,
                         temp_bytes=int(float(oom.group(1)) * _UNITS[oom.group(2)]), compiler_flops=None,
-                        attention_lowering=None, moe_lowering=None, refused=True)
+                        attention_lowering=None, moe_lowering=None, refused=True,
+                        routes_bytes=per_device_bytes((batch.routes, batch.routed)))
   memory = compiled.memory_analysis()
   costs = [c.cost_analysis() for c in (old_compiled, compiled)]
   hlo = [c.as_text() for c in (old_compiled, compiled)]
@@ -119,4 +138,5 @@ def compile_step(spec: StepSpec, mesh: jax.sharding.Mesh, layers: int) -> Compil
                       temp_bytes=max(memory.temp_size_in_bytes, old_compiled.memory_analysis().temp_size_in_bytes),
                       compiler_flops=sum(float(c["flops"]) for c in costs)
                       if all(c and "flops" in c for c in costs) else None,
-                      attention_lowering=lowering.attention_lowering(hlo), moe_lowering=lowering.moe_lowering(hlo))
+                      attention_lowering=lowering.attention_lowering(hlo), moe_lowering=lowering.moe_lowering(hlo),
+                      routes_bytes=per_device_bytes((batch.routes, batch.routed)))

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from clawjax import paths
 from clawjax.auth import ADMIN_TOKEN_ENV, server_admin_token
+from clawjax.config import parse_value
 from clawjax.engine.engine import Engine, EngineConfig
 from clawjax.engine.server import EngineServer
 from clawjax.models.loading import load_model, load_weights
@@ -30,8 +31,14 @@ def main(argv: list[str] | None = None) -> None:
                       help=f"where a generated admin token is written (mode 0600) when ${ADMIN_TOKEN_ENV} is "
                            "unset; default: $CLAWJAX_CACHE/engine/admin_token.PORT")
   for f in dataclasses.fields(EngineConfig):
-    parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
-                        help=f"EngineConfig.{f.name} (default {f.default})")
+    if isinstance(f.default, bool):  # `--flag`, `--flag true|false`
+      parser.add_argument(f"--{f.name.replace('_', '-')}", type=lambda text, name=f.name: parse_value(bool, text, name),
+                          nargs="?", const=True, default=f.default, help=f"EngineConfig.{f.name} (default {f.default})")
+    else:
+      parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default,
+                          help=f"EngineConfig.{f.name} (default {f.default})")
+  parser.add_argument("--enable-return-routed-experts", dest="record_routes", action="store_true",
+                      help="SGLang's name of --record-routes: answer return_routed_experts")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
   token, source = server_admin_token(args.admin_token_file

@@ -85,6 +85,11 @@ class EngineConfig:
   update_mode: Literal["drain", "abort"] = "drain"  # what a weight update does to requests in flight
   max_queue: int = 4096  # queued requests beyond this are refused as overloaded
   seed: int = 0  # PRNG seed for requests that bring none
+  # A MoE model's expert choices of every position a request computes, returned with its result
+  # (`Result.routed_experts`) for rollout routing replay: prompt positions from the prefill or, on a
+  # prefix-cache hit, the routes stored with the cached tokens; each sampled token but the last from the
+  # decode dispatch that fed it. Off: the programs compute and fetch nothing of it.
+  record_routes: bool = False
 
   def __post_init__(self):
     if self.update_mode not in ("drain", "abort"):
@@ -111,6 +116,9 @@ class Result:
   policy_version: int
   prompt_tokens: int
   cached_tokens: int  # input tokens whose keys/values came from the prefix cache
+  # With record_routes: the MoE layers' expert ids of every position the request computed (or reused),
+  # [prompt_tokens + len(output_ids) - 1, moe_layers, top_k] (clawjax.routes); None otherwise.
+  routed_experts: np.ndarray | None = None
 
 
 class EngineError(Exception):
@@ -134,6 +142,12 @@ class _Request:
   output_ids: list[int] = dataclasses.field(default_factory=list)
   output_logprobs: list[float] = dataclasses.field(default_factory=list)
   on_tokens: TokensCallback | None = None
+  # With record_routes: the routes of its positions so far, in runs; None when not recorded (or the prefix
+  # it reused had none).
+  routes: list[np.ndarray] | None = None
+
+  def routes_so_far(self) -> np.ndarray | None:
+    return np.concatenate(self.routes) if self.routes else None
 
   @property
   def unwritten(self) -> int:
@@ -389,8 +403,14 @@ class Engine:
     # The last input token is always recomputed: its logits give the first output token.
     req.slot, req.version, req.cached_tokens = slot, self.version, min(reuse, len(req.input_ids) - 1)
     self._slots[slot] = req
+    if self.runner.programs.routes:  # the reused tokens' routes are those stored with them
+      cached = self._prefix.routes(slot)
+      if cached is not None:
+        req.routes = [cached[:req.cached_tokens]]
+      elif not req.cached_tokens:
+        req.routes = []
     # Until the prefill completes, only the reused part of the slot is trustworthy.
-    self._prefix.set(slot, req.input_ids[:req.cached_tokens])
+    self._prefix.set(slot, req.input_ids[:req.cached_tokens], req.routes_so_far())
 
   def _prefill(self, requests: list[_Request]) -> None:
     """Prefills the requests' inputs past their cached prefixes, a chunk of each of several requests per
@@ -408,13 +428,15 @@ class Engine:
         group.append((req, size))
       chunks = [PrefillChunk(req.slot, req.input_ids[req.unwritten:req.unwritten + size], req.unwritten, req.key_data,
                              req.sampling) for req, size in group]
-      self._cache, tokens, logprobs = self.runner.prefill(self._weights, self._cache, chunks)
+      self._cache, tokens, logprobs, routes = self.runner.prefill(self._weights, self._cache, chunks)
       self._stats.prefill_dispatches += 1
-      for (req, size), token, logprob in zip(group, tokens, logprobs):
+      for k, ((req, size), token, logprob) in enumerate(zip(group, tokens, logprobs)):
         self._stats.tokens_prefilled += size
         req.prefilled += size
+        if req.routes is not None:
+          req.routes.append(routes[k])
         if req.unwritten == len(req.input_ids):
-          self._prefix.set(req.slot, req.input_ids)
+          self._prefix.set(req.slot, req.input_ids, req.routes_so_far())
           self._take(req.slot, [token], [logprob])
       # A request given up mid-prefill stops here; its slot is freed at the next step.
       pending = [req for req in pending if req.unwritten < len(req.input_ids) and not req.future.cancelled()]
@@ -424,19 +446,22 @@ class Engine:
     steps = self.config.decode_steps if len(running) == 1 else self.config.decode_steps_busy
     rows = [DecodeRow(s, r.output_ids[-1], len(r.input_ids) + len(r.output_ids) - 1, r.key_data, len(r.output_ids),
                       r.remaining(self.config.max_seq_len), r.sampling) for s, r in running]
-    self._cache, tokens, logprobs = self.runner.decode(self._weights, self._cache, rows, steps)
+    self._cache, tokens, logprobs, routes = self.runner.decode(self._weights, self._cache, rows, steps)
     self._stats.decode_dispatches += 1
-    for (slot, _), run, run_logprobs in zip(running, tokens, logprobs):
+    for k, ((slot, _), run, run_logprobs) in enumerate(zip(running, tokens, logprobs)):
       self._stats.tokens_decoded += len(run)
-      self._take(slot, run, run_logprobs)
+      self._take(slot, run, run_logprobs, None if routes is None else routes[k])
 
-  def _take(self, slot: int, tokens, logprobs) -> None:
+  def _take(self, slot: int, tokens, logprobs, fed_routes: np.ndarray | None = None) -> None:
     """Appends a run of sampled tokens to the slot's request (the device ended the run where the request
-    ends: at its first stop token or at its length limit) and finishes the request if it has ended."""
+    ends: at its first stop token or at its length limit) and finishes the request if it has ended.
+    `fed_routes`: the routes of the tokens the run's steps fed (a decode's)."""
     req = self._slots[slot]
     run, run_logprobs = tuple(map(int, tokens)), tuple(map(float, logprobs))
     req.output_ids.extend(run)
     req.output_logprobs.extend(run_logprobs)
+    if req.routes is not None and fed_routes is not None:
+      req.routes.append(fed_routes)
     if req.on_tokens is not None and run and not req.future.cancelled():
       try:
         req.on_tokens(run, run_logprobs)
@@ -455,7 +480,7 @@ class Engine:
     _deliver(req.future, Result(
         output_ids=tuple(req.output_ids), output_logprobs=tuple(req.output_logprobs),
         finish_reason=reason, policy_version=req.version, prompt_tokens=len(req.input_ids),
-        cached_tokens=req.cached_tokens))
+        cached_tokens=req.cached_tokens, routed_experts=req.routes_so_far()))
 
   def _drop_given_up(self) -> None:
     """Frees the slots of running requests whose callers cancelled them (queued ones are skipped at
@@ -473,7 +498,8 @@ class Engine:
       written = np.concatenate([req.input_ids, np.asarray(req.output_ids[:-1], np.int32)])
     else:  # given up before its prefill completed
       written = req.input_ids[:req.unwritten]
-    self._prefix.set(slot, written)
+    routes = req.routes_so_far()
+    self._prefix.set(slot, written, None if routes is None else routes[:len(written)])
     return req
 
 

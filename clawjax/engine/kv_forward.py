@@ -21,6 +21,11 @@ The layers are unrolled, over one array per weight: on CPU a `lax.scan` over sta
 each layer's slice before its matmuls (half of a SmolLM2-135M decode step), and an unrolled decode is
 what accelerator engines run too. A compile costs every layer.
 
+Routes (`EngineConfig.record_routes`, a MoE model): the same programs also return the expert ids each MoE
+layer chose for every token they compute ([B, T, moe_layers, top_k], uint8 while n_experts <= 256), the
+decode loop's per step beside its tokens: one transfer per dispatch, as the tokens. Off, the programs are
+those without (nothing computed or fetched).
+
 Sampling happens in the same programs (sampling.py): a row's PRNG key is fold_in(request key, index of
 the output token), so a request's draws depend neither on the batch it shares nor on how many decode
 steps a dispatch runs.
@@ -46,6 +51,7 @@ from clawjax.models.attention import (masked_attention, online_softmax_init, onl
                                       online_softmax_step)
 from clawjax.models.hf_io import hf_layout, push_dtype
 from clawjax.models.layers import MLP, einsum_f32
+from clawjax.models.moe import MoE
 
 KVCache = tuple[jax.Array, jax.Array]  # keys, values: [layers, slots, kv_heads, capacity, head_dim]
 # (the model's nnx.State leaves in the engine's shardings, the one-row copy of its Linears or [])
@@ -126,10 +132,11 @@ class Programs:
   cache_sharding: NamedSharding
   attention_block: int
   linears: tuple[int, ...]  # the leaves that the one-row copy holds laid out [outputs, inputs]
+  routes: bool = False      # the programs return the MoE layers' expert ids (EngineConfig.record_routes)
 
   def __post_init__(self):
     object.__setattr__(self, "_hash", hash((self.graphdef, self.treedef, self.capacity, self.cache_sharding,
-                                            self.attention_block, self.linears)))
+                                            self.attention_block, self.linears, self.routes)))
 
   def __hash__(self) -> int:
     return self._hash
@@ -183,11 +190,13 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
   """Every decoder layer over `tokens_BT`: its keys/values go into the cache at (slot, write position),
   then the queries attend causally (by position) to the slot's first `cache_len` positions. Queries past
   position `reach` (padding) are computed but not read: their attention may stop there. Returns the
-  model, the projections' layout, the last layer's output (before the final norm) and the cache."""
+  model, the projections' layout, the last layer's output (before the final norm), the cache, and with
+  `programs.routes` the MoE layers' expert ids [B, T, moe_layers, top_k] (else None)."""
   model, layout = programs.model(weights, tokens_BT.size)
   k_cache, v_cache = cache
   slots_B1 = slots_B[:, None]
   x_BTD = model.embed(tokens_BT)
+  routes = []
   for i, layer in enumerate(model.layers):
     q_BTNH, k_BTKH, v_BTKH = layout.qkv(layer.attn, layer.attn_norm(x_BTD), positions_BT)
     k_cache = k_cache.at[i, slots_B1, :, write_positions_BT].set(k_BTKH.astype(k_cache.dtype))
@@ -195,9 +204,19 @@ def _forward(programs: Programs, weights: Weights, cache: KVCache, tokens_BT: ja
     o_BTNH = cached_attention(q_BTNH, k_cache, v_cache, i, slots_B, positions_BT, cache_len,
                               programs.attention_block, reach)
     x_BTD = x_BTD + layout.out(layer.attn, o_BTNH)
-    x_BTD = x_BTD + layout.mlp(layer.mlp, layer.mlp_norm(x_BTD))
+    if programs.routes and isinstance(layer.mlp, MoE):  # (the same block, also giving the ids it used)
+      mlp_BTD, experts_BTK, _ = layer.mlp.forward(layer.mlp_norm(x_BTD))
+      routes.append(experts_BTK.astype(route_dtype(model.cfg)))
+    else:
+      mlp_BTD = layout.mlp(layer.mlp, layer.mlp_norm(x_BTD))
+    x_BTD = x_BTD + mlp_BTD
   cache = tuple(jax.lax.with_sharding_constraint(c, programs.cache_sharding) for c in (k_cache, v_cache))
-  return model, layout, x_BTD, cache
+  return model, layout, x_BTD, cache, jnp.stack(routes, axis=2) if routes else None
+
+
+def route_dtype(cfg) -> jnp.dtype:
+  """Recorded expert ids: uint8 while n_experts <= 256 (clawjax.routes)."""
+  return jnp.dtype(jnp.uint8 if cfg.n_experts <= 256 else jnp.uint16)
 
 
 def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: int, slots_B: jax.Array,
@@ -240,45 +259,54 @@ def cached_attention(q_BTNH: jax.Array, k_cache: jax.Array, v_cache: jax.Array, 
 def _prefill_program(programs: Programs, weights: Weights, cache: KVCache, rows: PrefillRows, *, cache_len: int,
                      truncate: bool):
   positions_BT = rows.starts[:, None] + jnp.arange(rows.tokens.shape[1], dtype=jnp.int32)[None]
-  model, layout, x_BTD, cache = _forward(programs, weights, cache, rows.tokens, positions_BT, rows.slots,
-                                         positions_BT, cache_len, rows.reach)
+  model, layout, x_BTD, cache, routes_BTLK = _forward(programs, weights, cache, rows.tokens, positions_BT,
+                                                      rows.slots, positions_BT, cache_len, rows.reach)
   last_BD = jnp.take_along_axis(x_BTD, (rows.n_valid - 1)[:, None, None], axis=1)[:, 0]
   tokens_B, logprobs_B = rows.sampling.draw(layout.logits(model, model.final_norm(last_BD)),
                                             jnp.zeros_like(rows.n_valid), truncate)
-  return cache, tokens_B, logprobs_B
+  return cache, tokens_B, logprobs_B, routes_BTLK
 
 
 @functools.partial(jax.jit, static_argnames=("programs", "cache_len", "steps", "truncate"), donate_argnums=(2,))
 def _decode_program(programs: Programs, weights: Weights, cache: KVCache, rows: DecodeRows, *, cache_len: int,
                     steps: int, truncate: bool):
-  """Up to `steps` tokens for each row: ([A, steps] tokens, [A, steps] log-probs, [A] how many are real)."""
+  """Up to `steps` tokens for each row: ([A, steps] tokens, [A, steps] log-probs, [A] how many are real,
+  and with `programs.routes` [A, steps, moe_layers, top_k] the expert ids of the token each step fed, else
+  None)."""
   a = rows.slots.shape[0]
   scratch_A = jnp.full((a,), programs.capacity - 1, jnp.int32)
 
   def body(carry):
-    i, cache, tokens_A, positions_A, produced_A, done_A, out_tokens_AK, out_logprobs_AK = carry
+    i, cache, tokens_A, positions_A, produced_A, done_A, out_tokens_AK, out_logprobs_AK, out_routes = carry
     live_A = ~done_A
     # A row that has ended computes on, but writes where nothing is ever read and counts nothing.
     write_A = jnp.where(live_A, positions_A, scratch_A)
-    model, layout, x_A1D, cache = _forward(programs, weights, cache, tokens_A[:, None], positions_A[:, None],
-                                           rows.slots, write_A[:, None], cache_len,
-                                           jnp.max(jnp.where(live_A, positions_A, 0)))
+    model, layout, x_A1D, cache, routes_A1LK = _forward(programs, weights, cache, tokens_A[:, None],
+                                                        positions_A[:, None], rows.slots, write_A[:, None],
+                                                        cache_len, jnp.max(jnp.where(live_A, positions_A, 0)))
     sampled_A, logprobs_A = rows.sampling.draw(layout.logits(model, model.final_norm(x_A1D[:, 0])),
                                                rows.steps + i, truncate)
     produced_A = produced_A + live_A
     stopped_A = jnp.any(sampled_A[:, None] == rows.stop_ids, axis=1)
     done_A = done_A | stopped_A | (produced_A >= rows.remaining)
+    if routes_A1LK is not None:
+      out_routes = out_routes.at[:, i].set(routes_A1LK[:, 0])
     return (i + 1, cache, jnp.where(live_A, sampled_A, tokens_A), positions_A + live_A, produced_A, done_A,
-            out_tokens_AK.at[:, i].set(sampled_A), out_logprobs_AK.at[:, i].set(logprobs_A))
+            out_tokens_AK.at[:, i].set(sampled_A), out_logprobs_AK.at[:, i].set(logprobs_A), out_routes)
 
   def more(carry):
     return (carry[0] < steps) & ~jnp.all(carry[5])
 
   zeros_A = jnp.zeros((a,), jnp.int32)
+  routes = None
+  if programs.routes:
+    cfg = programs.model(weights, a)[0].cfg
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    routes = jnp.zeros((a, steps, moe_layers, cfg.top_k), route_dtype(cfg))
   init = (jnp.int32(0), cache, rows.tokens, rows.positions, zeros_A, rows.remaining <= 0,
-          jnp.zeros((a, steps), jnp.int32), jnp.zeros((a, steps), jnp.float32))
-  _, cache, _, _, produced_A, _, tokens_AK, logprobs_AK = jax.lax.while_loop(more, body, init)
-  return cache, tokens_AK, logprobs_AK, produced_A
+          jnp.zeros((a, steps), jnp.int32), jnp.zeros((a, steps), jnp.float32), routes)
+  _, cache, _, _, produced_A, _, tokens_AK, logprobs_AK, routes = jax.lax.while_loop(more, body, init)
+  return cache, tokens_AK, logprobs_AK, produced_A, routes
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
@@ -361,7 +389,8 @@ class KVRunner:
     self.cache_shape = (cfg.n_layers, config.max_slots, cfg.n_kv_heads, self.capacity, cfg.head_dim)
     cache_spec = sharding.logical_to_mesh((None, None, "kv_heads", None, None), self.cache_shape, self.mesh)
     self.programs = Programs(nnx.graphdef(model), jax.tree.structure(state), self.capacity,
-                             NamedSharding(self.mesh, cache_spec), config.attention_block, self._linears)
+                             NamedSharding(self.mesh, cache_spec), config.attention_block, self._linears,
+                             routes=config.record_routes and model.cfg.n_experts > 0)
     self._replicated = NamedSharding(self.mesh, P())
 
   @property
@@ -426,14 +455,17 @@ class KVRunner:
     return jax.device_put(tree, self._replicated)
 
   def prefill(self, weights: Weights, cache: KVCache, chunks: list[PrefillChunk]
-              ) -> tuple[KVCache, np.ndarray, np.ndarray]:
+              ) -> tuple[KVCache, np.ndarray, np.ndarray, list[np.ndarray] | None]:
     """Writes each chunk's keys/values into its slot and samples the token that follows each chunk (by
-    chunk; the first output token where a chunk ends its request's input)."""
+    chunk; the first output token where a chunk ends its request's input); with routes, each chunk's
+    tokens' expert ids [len(chunk), moe_layers, top_k]."""
     rows, cache_len = self.prefill_batch(chunks)
-    cache, out_tokens, out_logprobs = _prefill_program(self.programs, weights, cache, self._put(rows),
-                                                       cache_len=cache_len, truncate=_truncates(chunks))
-    out_tokens, out_logprobs = jax.device_get((out_tokens, out_logprobs))
-    return cache, out_tokens[:len(chunks)], out_logprobs[:len(chunks)]
+    cache, out_tokens, out_logprobs, routes = _prefill_program(self.programs, weights, cache, self._put(rows),
+                                                               cache_len=cache_len, truncate=_truncates(chunks))
+    out_tokens, out_logprobs, routes = jax.device_get((out_tokens, out_logprobs, routes))
+    if routes is not None:
+      routes = [routes[a, :len(c.tokens)] for a, c in enumerate(chunks)]
+    return cache, out_tokens[:len(chunks)], out_logprobs[:len(chunks)], routes
 
   def prefill_batch(self, chunks: list[PrefillChunk]) -> tuple[PrefillRows, int]:
     """The prefill program's rows (on the host) and attention length. Padding rows write into slot 0 past
@@ -450,16 +482,16 @@ class KVRunner:
     return rows, bucket(max(c.start for c in chunks) + t, self.config.min_bucket, self.capacity)
 
   def decode(self, weights: Weights, cache: KVCache, rows: list[DecodeRow], steps: int
-             ) -> tuple[KVCache, list[np.ndarray], list[np.ndarray]]:
+             ) -> tuple[KVCache, list[np.ndarray], list[np.ndarray], list[np.ndarray] | None]:
     """Up to `steps` tokens for each row, fewer where it ends (a stop token, its remaining budget): per
-    row, its tokens and their log-probs."""
+    row, its tokens and their log-probs, and with routes the expert ids of the tokens it fed (the row's
+    last token, then each sampled one but the last: as many as it sampled)."""
     batch, cache_len = self.decode_batch(rows, steps)
-    cache, out_tokens, out_logprobs, produced = _decode_program(self.programs, weights, cache, self._put(batch),
-                                                                cache_len=cache_len, steps=steps,
-                                                                truncate=_truncates(rows))
-    out_tokens, out_logprobs, produced = jax.device_get((out_tokens, out_logprobs, produced))
-    return (cache, [out_tokens[a, :produced[a]] for a in range(len(rows))],
-            [out_logprobs[a, :produced[a]] for a in range(len(rows))])
+    cache, *out = _decode_program(self.programs, weights, cache, self._put(batch), cache_len=cache_len,
+                                  steps=steps, truncate=_truncates(rows))
+    out_tokens, out_logprobs, produced, routes = jax.device_get(out)
+    per_row = lambda x: [x[a, :produced[a]] for a in range(len(rows))]
+    return cache, per_row(out_tokens), per_row(out_logprobs), None if routes is None else per_row(routes)
 
   def decode_batch(self, rows: list[DecodeRow], steps: int) -> tuple[DecodeRows, int]:
     """The decode program's rows (on the host) and attention length. Only the running sequences are

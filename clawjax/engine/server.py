@@ -4,11 +4,15 @@ works here works there (docs/engine.md has the table of what was checked against
 
 Routes (the subset of SGLang's API the shim's `sglang` backend uses, same JSON shapes):
   POST /generate {input_ids: list[int] | list[list[int]], sampling_params: {max_new_tokens, temperature,
-      top_p, top_k, stop_token_ids, ignore_eos, sampling_seed}, return_logprob, stream}
+      top_p, top_k, stop_token_ids, ignore_eos, sampling_seed}, return_logprob, stream,
+      return_routed_experts, routed_experts_start_len}
       -> {text, output_ids, meta_info: {id, finish_reason: {type, ...}, prompt_tokens,
           completion_tokens, cached_tokens, output_token_logprobs: [[logprob, id, null], ...],
-          weight_version}} (a list of those for a batch of inputs)
+          weight_version, routed_experts}} (a list of those for a batch of inputs); routed_experts (on a
+          stream's last event) only from an engine recording routes (--record-routes, or SGLang's
+          --enable-return-routed-experts), in SGLang's format (routes_wire.py)
   GET  /health, /health_generate -> 200
+  GET  /v1/models -> {object: "list", data: [{id: model path, object: "model", owned_by: "sglang", root}]}
   POST /update_weights_from_disk {model_path, weight_version, abort_all_requests, flush_cache}
       -> {success, message, num_paused_requests}
   GET|POST /flush_cache[?timeout=S] -> 200 "Cache flushed..." | 400 "Flush cache failed." (text)
@@ -47,6 +51,7 @@ from aiohttp import web
 
 from clawjax.auth import admin_status, new_token
 from clawjax.engine.engine import Engine, EngineError, Result
+from clawjax.engine.routes_wire import RoutesRequest, sglang_routed_experts
 from clawjax.engine.update_lock import UpdateLock
 from clawjax.generation import SamplingParams
 
@@ -139,7 +144,8 @@ class EngineServer:
         web.get("/health_generate", self.health), web.post("/flush_cache", self.flush_cache),
         web.get("/flush_cache", self.flush_cache),
         web.post("/update_weights_from_disk", self.update_weights_from_disk),
-        web.get("/model_info", self.model_info), web.get("/get_model_info", self.get_model_info)])
+        web.get("/model_info", self.model_info), web.get("/get_model_info", self.get_model_info),
+        web.get("/v1/models", self.models)])
 
   @web.middleware
   async def _errors(self, request: web.Request, handler):
@@ -175,15 +181,19 @@ class EngineServer:
         _token_list(ids, "input_ids")]
     sampling = parse_sampling(body, self.eos_token_id)
     logprobs = bool(body.get("return_logprob"))
+    try:
+      routes = RoutesRequest(body)
+    except ValueError as e:
+      raise BadRequest(str(e)) from None
     async with self.update_lock.request():  # held while a weight update waits or runs
       if stream:
-        return await self._stream(request, prompts[0], sampling, logprobs)
+        return await self._stream(request, prompts[0], sampling, logprobs, routes)
       results = await asyncio.gather(*(self.engine.generate(p, sampling) for p in prompts))
-    outs = [self._response(r, sampling, logprobs) for r in results]
+    outs = [self._response(r, sampling, logprobs, routes=routes) for r in results]
     return web.json_response(outs if batched else outs[0])
 
   async def _stream(self, request: web.Request, prompt: list[int], sampling: SamplingParams,
-                    logprobs: bool) -> web.StreamResponse:
+                    logprobs: bool, routes: RoutesRequest) -> web.StreamResponse:
     """SGLang's event stream as with `--incremental-streaming-output`: one event per sampled token, the
     last one also carrying the finish reason, the weight version and the whole text; an aborted
     request's tokens all go out, then SGLang's abort event."""
@@ -214,7 +224,7 @@ class EngineServer:
     except EngineError as e:
       last = {"error": {"message": str(e), "code": e.status}}
     else:
-      last = self._response(result, sampling, logprobs, request_id)
+      last = self._response(result, sampling, logprobs, request_id, routes)
       if result.finish_reason == "abort":
         last = _abort_event(last)
       else:  # The finishing event carries the last token (a request that finishes sampled one).
@@ -228,7 +238,7 @@ class EngineServer:
     return response
 
   def _response(self, r: Result, sampling: SamplingParams, logprobs: bool,
-                request_id: str | None = None) -> dict[str, Any]:
+                request_id: str | None = None, routes: RoutesRequest | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": request_id or f"clawjax-{next(self._ids)}",
         "finish_reason": _finish_reason(r, sampling.max_new_tokens),
@@ -236,6 +246,8 @@ class EngineServer:
         "cached_tokens": r.cached_tokens, "weight_version": self._reported[r.policy_version]}
     if logprobs:
       meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids)]
+    if routes is not None and routes.wanted and r.routed_experts is not None:  # (an engine recording them)
+      meta["routed_experts"] = sglang_routed_experts(r.routed_experts, routes.start, self.engine.runner.model_config)
     text = self.decode(list(r.output_ids)) if self.decode else ""
     return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
 
@@ -309,6 +321,12 @@ class EngineServer:
   async def model_info(self, request: web.Request) -> web.Response:
     return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
                               "is_generation": True, "weight_version": self._reported[self.engine.version]})
+
+  async def models(self, request: web.Request) -> web.Response:
+    """SGLang's OpenAI-style model list (one model, served as its path): a router in front (SGLang's
+    model gateway) finds the worker's backend and model by it."""
+    return web.json_response({"object": "list", "data": [{"id": self.model_path, "object": "model",
+                                                          "owned_by": "sglang", "root": self.model_path}]})
 
   async def get_model_info(self, request: web.Request) -> web.Response:
     log.warning("Endpoint '/get_model_info' is deprecated; use '/model_info' (as in SGLang 0.5.23)")

@@ -10,12 +10,15 @@ Public API (stable; the learner and the KV-cache engine build on it):
     x_BTD = layer(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
     # or piecewise: layer.attn_norm, layer.attn.project_qkv / project_out, layer.mlp_norm, layer.mlp
   hidden_BTD = model.final_norm(x_BTD)
+  hidden_BTD, disagree_BT = model.routed_hidden(tokens_BT, ..., replay)  # MoE: the engine's experts
 Inputs follow clawjax/tree/batch.py: positions are tree depths (RoPE), the mask comes from segment_ids and
-subtree_end. For a plain causal sequence use `causal_inputs`.
+subtree_end. For a plain causal sequence use `causal_inputs`. `replay` (clawjax.models.routing.Replay)
+forces the MoE layers' expert choices; `hidden(..., replay)` is routed_hidden's hidden state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -27,6 +30,7 @@ from clawjax.models.attention import Attention
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import MLP, RMSNorm, constrain, einsum_f32, param
 from clawjax.models.moe import MoE
+from clawjax.models.routing import Replay, moe_layer_index
 
 
 class DecoderLayer(nnx.Module):
@@ -40,14 +44,32 @@ class DecoderLayer(nnx.Module):
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
                subtree_end_BT: jax.Array) -> jax.Array:
+    x_BTD = self._attend(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+    return self._add_mlp(x_BTD, self.mlp(self.mlp_norm(x_BTD)))
+
+  def replayed(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+               subtree_end_BT: jax.Array, experts_BTK: jax.Array, replay_BT: jax.Array
+               ) -> tuple[jax.Array, jax.Array]:
+    """A MoE layer with the expert ids `experts_BTK` forced where `replay_BT` (clawjax.models.routing):
+    (output, whether each replayed token's own top-k differs)."""
+    x_BTD = self._attend(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
+    y_BTD, disagree_BT = self.mlp.replayed(self.mlp_norm(x_BTD), experts_BTK, replay_BT)
+    return self._add_mlp(x_BTD, y_BTD), disagree_BT
+
+  def _attend(self, x_BTD: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+              subtree_end_BT: jax.Array) -> jax.Array:
     # Constrained per branch so a tensor-parallel partial sum is reduced before the residual add.
     attn_BTD = self.attn(self.attn_norm(x_BTD), positions_BT, segment_ids_BT, subtree_end_BT)
-    x_BTD = x_BTD + constrain(attn_BTD, ("batch", "length", "embed"))
-    x_BTD = x_BTD + constrain(self.mlp(self.mlp_norm(x_BTD)), ("batch", "length", "embed"))
+    return x_BTD + constrain(attn_BTD, ("batch", "length", "embed"))
+
+  @staticmethod
+  def _add_mlp(x_BTD: jax.Array, mlp_BTD: jax.Array) -> jax.Array:
+    x_BTD = x_BTD + constrain(mlp_BTD, ("batch", "length", "embed"))
     return constrain(x_BTD, ("batch", "length", "embed"))
 
 
-def _remat_layers(layers: Sequence[DecoderLayer], policy: str, x_BTD: jax.Array, *args: jax.Array) -> jax.Array:
+def _remat_layers(layers: Sequence[DecoderLayer], policy: str, x_BTD: jax.Array, *args: jax.Array,
+                  replay: _LayerReplay | None = None):
   """The layers applied in turn, each one's activations recomputed in the backward pass, except those that
   the `jax.checkpoint_policies` entry named `policy` saves (`ModelConfig.remat_policy`).
 
@@ -61,13 +83,33 @@ def _remat_layers(layers: Sequence[DecoderLayer], policy: str, x_BTD: jax.Array,
   Each layer is split into graph and parameters and merged again inside `jax.checkpoint`, so the
   checkpointed function is pure and traces inside any transform of the caller's (the learner's
   `lax.map` / `lax.scan` over micro-batches); `nnx.remat` there writes the inner trace's parameters back
-  into the outer module and fails (TraceContextError)."""
+  into the outer module and fails (TraceContextError).
+
+  With `replay`, a MoE group's scan also runs over its layers' expert ids; returns (x, disagree_BT)."""
   split = [nnx.split(layer) for layer in layers]
+  checkpoint = lambda step: jax.checkpoint(step, policy=getattr(jax.checkpoint_policies, policy))
+  disagree_BT, first = None if replay is None else jnp.zeros(x_BTD.shape[:2], jnp.int32), 0
   for graph, group in itertools.groupby(split, key=lambda gs: gs[0]):
+    group = list(group)
     stacked = jax.tree.map(lambda *ps: jnp.stack(ps), *(params for _, params in group))
-    step = lambda x_BTD, params, graph=graph: (nnx.merge(graph, params)(x_BTD, *args), None)
-    x_BTD, _ = jax.lax.scan(jax.checkpoint(step, policy=getattr(jax.checkpoint_policies, policy)), x_BTD, stacked)
-  return x_BTD
+    if replay is None or first not in replay.index:
+      step = lambda x_BTD, params, graph=graph: (nnx.merge(graph, params)(x_BTD, *args), None)
+      x_BTD, _ = jax.lax.scan(checkpoint(step), x_BTD, stacked)
+    else:  # consecutive MoE layers: consecutive places among the MoE layers
+      k = replay.index[first]
+      step = lambda x_BTD, xs, graph=graph: nnx.merge(graph, xs[0]).replayed(x_BTD, *args, xs[1], replay.replay_BT)
+      x_BTD, disagree_LBT = jax.lax.scan(checkpoint(step), x_BTD, (stacked, replay.experts_LBTK[k:k + len(group)]))
+      disagree_BT = disagree_BT + jnp.sum(disagree_LBT, axis=0, dtype=jnp.int32)
+    first += len(group)
+  return x_BTD if replay is None else (x_BTD, disagree_BT)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LayerReplay:
+  """A Replay laid out by layer: ids [moe_layers, B, T, top_k], and each MoE layer's place among them."""
+  experts_LBTK: jax.Array
+  replay_BT: jax.Array
+  index: dict[int, int]
 
 
 class Decoder(nnx.Module):
@@ -89,7 +131,9 @@ class Decoder(nnx.Module):
     return constrain(x_BTD, ("batch", "length", "embed"))
 
   def hidden(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
-             subtree_end_BT: jax.Array) -> jax.Array:
+             subtree_end_BT: jax.Array, replay: Replay | None = None) -> jax.Array:
+    if replay is not None:
+      return self.routed_hidden(tokens_BT, positions_BT, segment_ids_BT, subtree_end_BT, replay)[0]
     x_BTD = self.embed(tokens_BT)
     if self.cfg.remat:
       return self.final_norm(_remat_layers(self.layers, self.cfg.remat_policy, x_BTD, positions_BT,
@@ -97,6 +141,28 @@ class Decoder(nnx.Module):
     for layer in self.layers:
       x_BTD = layer(x_BTD, positions_BT, segment_ids_BT, subtree_end_BT)
     return self.final_norm(x_BTD)
+
+  def routed_hidden(self, tokens_BT: jax.Array, positions_BT: jax.Array, segment_ids_BT: jax.Array,
+                    subtree_end_BT: jax.Array, replay: Replay) -> tuple[jax.Array, jax.Array]:
+    """`hidden` with the MoE layers' experts forced where `replay.replay_BT` (clawjax.models.routing), and
+    per token the number of MoE layers whose own top-k differs from the replayed one, [B, T] int32."""
+    args = (positions_BT, segment_ids_BT, subtree_end_BT)
+    layers = _LayerReplay(jnp.moveaxis(replay.experts_BTLK, 2, 0), replay.replay_BT, moe_layer_index(self.cfg))
+    if len(layers.index) != layers.experts_LBTK.shape[0]:
+      raise ValueError(f"Replay: routes of {layers.experts_LBTK.shape[0]} MoE layers for a model with "
+                       f"{len(layers.index)}")
+    x_BTD = self.embed(tokens_BT)
+    if self.cfg.remat:
+      x_BTD, disagree_BT = _remat_layers(self.layers, self.cfg.remat_policy, x_BTD, *args, replay=layers)
+      return self.final_norm(x_BTD), disagree_BT
+    disagree_BT = jnp.zeros(tokens_BT.shape, jnp.int32)
+    for i, layer in enumerate(self.layers):
+      if i in layers.index:
+        x_BTD, disagree = layer.replayed(x_BTD, *args, layers.experts_LBTK[layers.index[i]], layers.replay_BT)
+        disagree_BT = disagree_BT + disagree.astype(jnp.int32)
+      else:
+        x_BTD = layer(x_BTD, *args)
+    return self.final_norm(x_BTD), disagree_BT
 
   def logits(self, hidden_BTD: jax.Array) -> jax.Array:
     """Vocab projection with float32 accumulation and output (log-probs need float32)."""

@@ -5,6 +5,10 @@ each (token, choice) pair is sorted by expert, so the work is top_k expert MLPs 
 and nothing of size tokens x experts x MLP is ever formed. No capacity limit and no token dropping, so the
 output equals HF's per-expert loop exactly.
 
+Routing replay (clawjax.models.routing): `MoE.forward(x, experts_BTK, replay_BT)` routes the tokens where
+`replay_BT` holds to the given experts, with weights from the live router logits at them, and says where
+its own top-k differed; it also returns the expert ids it used (what the rollout engine records).
+
 Under the learner's mesh (logical axis rules active while tracing, as in `clawjax.sharding.under_mesh`)
 the block runs per shard (`shard_map`), like attention: each device routes only its own tokens (split
 over the batch axes), and computes only the experts it holds (split over "expert") on the slice of the
@@ -28,6 +32,7 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 from clawjax.kernels.grouped_matmul import grouped_matmul
 from clawjax.models.config import ModelConfig
 from clawjax.models.layers import param
+from clawjax.models.routing import top_k_routing
 from clawjax.sharding import logical_to_mesh
 
 GATE_AXES = ("expert", "embed", "mlp")  # gate and up: [E, D, F]
@@ -35,12 +40,15 @@ DOWN_AXES = ("expert", "mlp", "embed")  # [E, F, D]
 ROUTER_AXES = ("embed", None)           # [D, E]
 
 
+def router_logits(x_ND: jax.Array, router_DE: jax.Array) -> jax.Array:
+  """[N, E] float32."""
+  return jnp.einsum("nd,de->ne", x_ND, router_DE.astype(x_ND.dtype), preferred_element_type=jnp.float32)
+
+
 def route(x_ND: jax.Array, router_DE: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(router logits [N, E] float32, top-k weights [N, k] float32, top-k expert ids [N, k])."""
-  logits_NE = jnp.einsum("nd,de->ne", x_ND, router_DE.astype(x_ND.dtype), preferred_element_type=jnp.float32)
-  weights_NK, experts_NK = jax.lax.top_k(jax.nn.softmax(logits_NE, axis=-1), cfg.top_k)
-  if cfg.norm_topk_prob:
-    weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
+  logits_NE = router_logits(x_ND, router_DE)
+  weights_NK, experts_NK, _ = top_k_routing(logits_NE, cfg)
   return logits_NE, weights_NK, experts_NK
 
 
@@ -69,9 +77,18 @@ def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, u
   """sum over the top-k choices of weight x expert MLP(x) [N, D], counting only the experts held here:
   `first_expert` .. `first_expert` + E_here - 1 (E_here = gate_EDF.shape[0]); the other choices give 0.
   With every expert held (first_expert 0, E_here = n_experts) it is the whole block."""
+  return routed_experts_output(x_ND, router_DE, gate_EDF, up_EDF, down_EFD, cfg, first_expert)[0]
+
+
+def routed_experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, up_EDF: jax.Array,
+                          down_EFD: jax.Array, cfg: ModelConfig, first_expert: jax.Array | int = 0,
+                          forced_NK: jax.Array | None = None, replay_N: jax.Array | None = None
+                          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`experts_output` with the expert ids `forced_NK` where `replay_N` (clawjax.models.routing): (output
+  [N, D], the expert ids used [N, k], whether a replayed token's own top-k differs [N])."""
   n, d = x_ND.shape
   k, e_here = cfg.top_k, gate_EDF.shape[0]
-  _, weights_NK, experts_NK = route(x_ND, router_DE, cfg)
+  weights_NK, experts_NK, disagree_N = top_k_routing(router_logits(x_ND, router_DE), cfg, forced_NK, replay_N)
   # Renumbered so the experts held here come first: their pairs lead the sorted order, where the grouped
   # matmuls' groups cover them; the pairs of other experts trail, outside every group, where a kernel's
   # rows are undefined: grouped_matmul zeroes them (in its output, and in the tokens' gradient that
@@ -85,7 +102,7 @@ def experts_output(x_ND: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, u
   up_MF = grouped_matmul(x_MD, up_EDF.astype(cfg.dtype), group_sizes_E)
   y_MD = grouped_matmul(jax.nn.silu(gate_MF) * up_MF, down_EFD.astype(cfg.dtype), group_sizes_E)
   y_NKD = permute_rows(y_MD, inverse_M, order_M).reshape(n, k, d)
-  return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype))
+  return jnp.einsum("nkd,nk->nd", y_NKD, weights_NK.astype(cfg.dtype)), experts_NK, disagree_N
 
 
 def _axes(entry: str | tuple[str, ...] | None) -> tuple[str, ...]:
@@ -115,18 +132,33 @@ class MoE(nnx.Module):
     return route(x_ND, self.router[...], self.cfg)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    return self.forward(x_BTD)[0]
+
+  def replayed(self, x_BTD: jax.Array, experts_BTK: jax.Array, replay_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The block with the experts `experts_BTK` forced where `replay_BT`: (output, whether a replayed
+    token's own top-k differs)."""
+    y_BTD, _, disagree_BT = self.forward(x_BTD, experts_BTK, replay_BT)
+    return y_BTD, disagree_BT
+
+  def forward(self, x_BTD: jax.Array, experts_BTK: jax.Array | None = None, replay_BT: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(output [B, T, D], the expert ids used [B, T, k], disagree [B, T]), replaying as `replayed`."""
     cfg = self.cfg
     x_BTD = x_BTD.astype(cfg.dtype)
     weights = (self.router[...], self.gate[...], self.up[...], self.down[...])
+    forced = () if experts_BTK is None else (experts_BTK, replay_BT)
     rules, mesh = spmd.get_logical_axis_rules(), jax.sharding.get_abstract_mesh()
     if not rules or mesh.empty:
       b, t, d = x_BTD.shape
-      return experts_output(x_BTD.reshape(b * t, d), *weights, cfg).reshape(b, t, d)
-    return self._per_shard(x_BTD, *weights, mesh=mesh, rules=rules)
+      flat = tuple(a.reshape(b * t, *a.shape[2:]) for a in forced)
+      y_ND, experts_NK, disagree_N = routed_experts_output(x_BTD.reshape(b * t, d), *weights, cfg, 0, *flat)
+      return y_ND.reshape(b, t, d), experts_NK.reshape(b, t, -1), disagree_N.reshape(b, t)
+    return self._per_shard(x_BTD, *weights, *forced, mesh=mesh, rules=rules)
 
   def _per_shard(self, x_BTD: jax.Array, router_DE: jax.Array, gate_EDF: jax.Array, up_EDF: jax.Array,
-                 down_EFD: jax.Array, *, mesh: AbstractMesh, rules: Sequence[tuple[str, Any]]) -> jax.Array:
-    """The block under a mesh: see the module docstring."""
+                 down_EFD: jax.Array, *forced: jax.Array, mesh: AbstractMesh, rules: Sequence[tuple[str, Any]]
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The block under a mesh: see the module docstring. `forced`: (experts_BTK, replay_BT) or ()."""
     cfg = self.cfg
     router_spec = logical_to_mesh(ROUTER_AXES, router_DE.shape, mesh, rules)
     gate_spec = logical_to_mesh(GATE_AXES, gate_EDF.shape, mesh, rules)
@@ -142,13 +174,19 @@ class MoE(nnx.Module):
       axes = _axes(spec[dim])  # the FSDP split of "embed": whole rows for the matmuls
       return jax.lax.all_gather(w, axes, axis=dim, tiled=True) if axes else w
 
-    def one_shard(x_btD, router_dE, gate_edf, up_edf, down_efd):
+    # The replayed ids and flags, the ids used and the disagreement go with their tokens.
+    token_spec = P(x_spec[0], x_spec[1])
+    ids_spec = P(x_spec[0], x_spec[1], None)
+
+    def one_shard(x_btD, router_dE, gate_edf, up_edf, down_efd, *forced_bt):
       b, t, d = x_btD.shape
       first_expert = jax.lax.axis_index(expert_axes) * gate_edf.shape[0] if expert_axes else 0
-      out_nD = experts_output(x_btD.reshape(b * t, d), gather(router_dE, router_spec, 0),
-                              gather(gate_edf, gate_spec, 1), gather(up_edf, gate_spec, 1),
-                              gather(down_efd, down_spec, 2), cfg, first_expert)
-      return (jax.lax.psum(out_nD, summed) if summed else out_nD).reshape(b, t, d)
+      flat = tuple(a.reshape(b * t, *a.shape[2:]) for a in forced_bt)
+      out_nD, experts_nK, disagree_n = routed_experts_output(
+          x_btD.reshape(b * t, d), gather(router_dE, router_spec, 0), gather(gate_edf, gate_spec, 1),
+          gather(up_edf, gate_spec, 1), gather(down_efd, down_spec, 2), cfg, first_expert, *flat)
+      out_nD = jax.lax.psum(out_nD, summed) if summed else out_nD
+      return out_nD.reshape(b, t, d), experts_nK.reshape(b, t, -1), disagree_n.reshape(b, t)
 
     # check_vma off: the grouped matmuls' kernels (megablox, Mosaic GPU) declare outputs without the
     # varying-axes type that checking needs. Unchecked, shard_map's transpose sums an input's gradient
@@ -156,5 +194,8 @@ class MoE(nnx.Module):
     # gradient being its part of the psum above (and that psum's transpose meets its output's cotangent
     # divided by the group's size), the router's over every axis but fsdp (whose gather transposes to a
     # reduce-scatter).
-    return jax.shard_map(one_shard, mesh=mesh, in_specs=(x_spec, router_spec, gate_spec, gate_spec, down_spec),
-                         out_specs=x_spec, check_vma=False)(x_BTD, router_DE, gate_EDF, up_EDF, down_EFD)
+    forced_specs = (ids_spec, token_spec)[:len(forced)]
+    return jax.shard_map(one_shard, mesh=mesh,
+                         in_specs=(x_spec, router_spec, gate_spec, gate_spec, down_spec, *forced_specs),
+                         out_specs=(x_spec, ids_spec, token_spec), check_vma=False)(
+                             x_BTD, router_DE, gate_EDF, up_EDF, down_EFD, *forced)

@@ -24,6 +24,7 @@ NORMALISATIONS = {"unique": "token", "paths": "paths"}
 VALUE_KINDS = ("none", "shared", "separate")
 OPTIMIZERS = ("adamw", "sgd")
 KL_ESTIMATORS = ("k3", "k2")
+ROUTING_REPLAY = ("auto", "rollout", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,10 @@ class LearnerConfig:
   shuffle: bool = False            # per epoch, deal whole rows into minibatches by a random permutation
   logits_chunk: Count = 512        # loss tokens per vocab-projection chunk (memory: rows x chunk x vocab)
   seed: int = 0                    # seeds the learner RNG carried in the train state and checkpoints
+  # Rollout routing replay (clawjax.models.routing) for a MoE policy: "auto" replays the engine's logged
+  # expert choices when the model is MoE and the step's calls carry routes; "rollout" always replays (a
+  # step without routes is an error); "off" routes live. Tokens without a route route live either way.
+  routing_replay: str = "auto"
   value: ValueConfig = ValueConfig()
   # The loss's options, checked against the ones it declares (register_loss(options=...)): an unknown
   # name or a wrong type is an error before anything starts. E.g. {"advantage_std": False} for grpo.
@@ -111,6 +116,8 @@ class LearnerConfig:
                        f"trunk), not {self.value.kind!r}")
     if self.optimizer not in OPTIMIZERS:
       raise ValueError(f"LearnerConfig.optimizer={self.optimizer!r}: use one of {OPTIMIZERS}")
+    if self.routing_replay not in ROUTING_REPLAY:
+      raise ValueError(f"LearnerConfig.routing_replay={self.routing_replay!r}: use one of {ROUTING_REPLAY}")
     if self.kl_estimator not in KL_ESTIMATORS:
       raise ValueError(f"LearnerConfig.kl_estimator={self.kl_estimator!r}: use one of {KL_ESTIMATORS}")
     for name in ("micro_batches", "logits_chunk", "epochs", "minibatches"):

@@ -29,6 +29,11 @@ processes' rows become one global array: `BatchShape` is what one process's batc
 most loss slots any process needs, batch by batch; a process with fewer batches contributes none, its
 slots all empty rows, `empty_batch`). Empty rows carry no weight, so they change neither the loss nor its
 normaliser.
+
+Routes (rollout routing replay, clawjax.models.routing): when a step replays, every batch carries each
+token's expert ids of the policy's MoE layers [M, r, T, moe_layers, top_k] (uint8, or uint16 where an id
+needs it: the same for every process, `BatchShape.route_bytes`) and `routed` [M, r, T], False where a
+token has none (padding, a process's rows without routes). A step that does not replay has neither (None).
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ class DeviceBatch:
   path_weight: np.ndarray   # [M, r, K] float32 p_t
   rollout: np.ndarray       # [M, r, K] int32 the index of the token's rollout in its row; -1 on empty slots
   row_order: np.ndarray     # [M, r] int32 the row's place in `RowLayout.order`; -1 on padding rows
+  routes: np.ndarray | None = None  # [M, r, T, moe_layers, top_k] uint8 / uint16 expert ids to replay
+  routed: np.ndarray | None = None  # [M, r, T] bool: the token has a route
+
+
+# Per step that replays: (moe_layers, top_k, bytes per id) of the batches' routes.
+RouteLayout = tuple[int, int, int]
 
 
 def aggregation_weights(batch: PackedBatch, aggregation: str, tokens: int | None = None
@@ -148,11 +159,13 @@ class BatchShape:
   rows: int
   length: int
   loss_slots: int
+  route_bytes: int = 0      # bytes per expert id of its routes; 0: it carries none
 
 
 def batch_shape(batch: PackedBatch, *, chunk: int = 512) -> BatchShape:
   rows, length = batch.shape
-  return BatchShape(rows, length, loss_slots_needed(batch, chunk))
+  route_bytes = 0 if batch.routes_RTLK is None else batch.routes_RTLK.dtype.itemsize
+  return BatchShape(rows, length, loss_slots_needed(batch, chunk), route_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +175,7 @@ class GlobalShape:
   counts: tuple[int, ...]
   length: int
   loss_slots: int
+  route_bytes: int = 0      # the widest any process's routes need; 0: no process has routes
 
 
 def agree_shapes(per_process: Sequence[Sequence[BatchShape]]) -> list[GlobalShape]:
@@ -172,20 +186,27 @@ def agree_shapes(per_process: Sequence[Sequence[BatchShape]]) -> list[GlobalShap
   for i in range(count):
     shapes = [shapes[i] for shapes in per_process if i < len(shapes)]
     out.append(GlobalShape(tuple(shapes[i].rows if i < len(shapes) else 0 for shapes in per_process),
-                           max(s.length for s in shapes), max(s.loss_slots for s in shapes)))
+                           max(s.length for s in shapes), max(s.loss_slots for s in shapes),
+                           max(s.route_bytes for s in shapes)))
   return out
 
 
-def _empty_rows(rows: int, length: int, loss_slots: int) -> dict[str, np.ndarray]:
-  """The fields of `rows` empty rows: no segment, no loss slot (weight 0), each position its own subtree."""
+def _empty_rows(rows: int, length: int, loss_slots: int, routes: RouteLayout | None = None) -> dict[str, np.ndarray]:
+  """The fields of `rows` empty rows: no segment, no loss slot (weight 0), each position its own subtree,
+  no route."""
   rt = lambda: np.zeros((rows, length), np.int32)
   rk = lambda dtype: np.zeros((rows, loss_slots), dtype)
-  return dict(tokens=rt(), positions=rt(), segment_ids=rt(),
-              subtree_end=np.broadcast_to(np.arange(1, length + 1, dtype=np.int32), (rows, length)).copy(),
-              pred_index=rk(np.int32), targets=rk(np.int32), weight=rk(np.float32), norm=rk(np.float32),
-              logp_rollout=rk(np.float32), advantages=rk(np.float32), returns=rk(np.float32),
-              baselines=rk(np.float32), unique_weight=rk(np.float32), path_weight=rk(np.float32),
-              rollout=rk(np.int32) - 1)
+  out = dict(tokens=rt(), positions=rt(), segment_ids=rt(),
+             subtree_end=np.broadcast_to(np.arange(1, length + 1, dtype=np.int32), (rows, length)).copy(),
+             pred_index=rk(np.int32), targets=rk(np.int32), weight=rk(np.float32), norm=rk(np.float32),
+             logp_rollout=rk(np.float32), advantages=rk(np.float32), returns=rk(np.float32),
+             baselines=rk(np.float32), unique_weight=rk(np.float32), path_weight=rk(np.float32),
+             rollout=rk(np.int32) - 1)
+  if routes is not None:
+    layers, top_k, nbytes = routes
+    out.update(routes=np.zeros((rows, length, layers, top_k), {1: np.uint8, 2: np.uint16}[nbytes]),
+               routed=np.zeros((rows, length), bool))
+  return out
 
 
 def _lay_out(fields: dict[str, np.ndarray], layout: RowLayout, process: int) -> DeviceBatch:
@@ -195,11 +216,12 @@ def _lay_out(fields: dict[str, np.ndarray], layout: RowLayout, process: int) -> 
   return DeviceBatch(**{n: a[slots_MR] for n, a in fields.items()}, row_order=order[slots_MR])
 
 
-def empty_batch(layout: RowLayout, process: int, length: int, loss_slots: int) -> DeviceBatch:
+def empty_batch(layout: RowLayout, process: int, length: int, loss_slots: int,
+                routes: RouteLayout | None = None) -> DeviceBatch:
   """The process's slots of `layout`, all empty rows (what a process without rows for a batch contributes)."""
   if layout.counts[process]:
     raise ValueError(f"empty_batch: process {process} has {layout.counts[process]} rows in {layout}")
-  return _lay_out(_empty_rows(1, length, loss_slots), layout, process)
+  return _lay_out(_empty_rows(1, length, loss_slots, routes), layout, process)
 
 
 def _row_rollouts(batch: PackedBatch, mask_RT: np.ndarray, whole: bool) -> np.ndarray:
@@ -220,11 +242,13 @@ def _row_rollouts(batch: PackedBatch, mask_RT: np.ndarray, whole: bool) -> np.nd
 
 def prepare_batch(batch: PackedBatch, layout: RowLayout, *, aggregation: str = "token",
                   aggregation_tokens: int | None = None, whole_rollouts: bool = False, chunk: int = 512,
-                  process: int = 0, length: int | None = None, loss_slots: int | None = None) -> DeviceBatch:
+                  process: int = 0, length: int | None = None, loss_slots: int | None = None,
+                  routes: RouteLayout | None = None) -> DeviceBatch:
   """Compact `batch` (the rows of `process` in `layout`) and lay it out, each row padded to `length`
   tokens and `loss_slots` slots (default: the least it needs), weighted by `aggregation`. A length and
   slot count fixed across batches avoid a recompile per batch shape. `whole_rollouts`: refuse a batch
-  whose rollout spans rows (for a sequence-level loss)."""
+  whose rollout spans rows (for a sequence-level loss). `routes`: the step replays; the batch's routes_RTLK
+  (of the policy's MoE layers, or None) go in that layout."""
   weight_RT, norm_RT = aggregation_weights(batch, aggregation, aggregation_tokens)
   mask_RT = batch.loss_mask_RT()
   if (mask_RT & (batch.parent_index_RT < 0)).any():
@@ -250,9 +274,12 @@ def prepare_batch(batch: PackedBatch, layout: RowLayout, *, aggregation: str = "
   def rk(x_RT: np.ndarray) -> np.ndarray:
     return np.where(valid, np.take_along_axis(x_RT, idx, axis=1), 0)
 
-  fields = _empty_rows(rows + 1, length, k)  # the last row stays empty: every padding slot's
-  for name, x in dict(tokens=batch.tokens_RT, positions=batch.positions_RT, segment_ids=batch.segment_ids_RT,
-                      subtree_end=batch.subtree_end_RT).items():
+  fields = _empty_rows(rows + 1, length, k, routes)  # the last row stays empty: every padding slot's
+  rt = dict(tokens=batch.tokens_RT, positions=batch.positions_RT, segment_ids=batch.segment_ids_RT,
+            subtree_end=batch.subtree_end_RT)
+  if routes is not None and batch.routes_RTLK is not None:
+    rt.update(routes=batch.routes_RTLK, routed=batch.routed_RT)
+  for name, x in rt.items():
     fields[name][:rows, :row_len] = x
   for name, x in dict(pred_index=np.maximum(rk(batch.parent_index_RT), 0), targets=rk(batch.tokens_RT),
                       weight=rk(weight_RT), norm=rk(norm_RT), logp_rollout=rk(batch.rollout_logprobs_RT),

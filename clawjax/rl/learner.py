@@ -34,6 +34,13 @@ summation order). A caller that splits one global batch over the processes feeds
 `process_rows` names: every minibatch then holds the rows of the one-process step.
 `loss(batch)` is the loss at the current params without a gradient (a held-out loss): one forward pass
 per micro-batch, whose outputs also stand for pi_old (the same params).
+Routing replay (`LearnerConfig.routing_replay`, clawjax.models.routing): a MoE policy's batches carry the
+engine's expert ids (`prepare` picks the MoE layers' out of what the engine logged), and every trunk pass
+forces them: pi_old, pi_ref, each update's forward and backward, a MoE critic trunk with the policy's
+routing shape. The pi_old pass counts, per row, the positions the loss depends on (all but padding and
+each leaf's last token), those replayed, and the (token, MoE layer) pairs where the policy's own top-k
+differs: the step's `routing/replayed_frac`, `routing/disagree_frac` and `routing/tokens_any_disagree`
+(the share of replayed tokens with a differing layer).
 """
 
 from __future__ import annotations
@@ -50,10 +57,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from clawjax import distributed, sharding
+from clawjax.models.routing import Replay
 from clawjax.rl.config import LearnerConfig
 from clawjax.rl.device_batch import (BatchShape, DeviceBatch, RowLayout, agree_shapes, batch_shape, empty_batch,
                                      prepare_batch, process_share)
 from clawjax.rl.logprobs import gather_rows, token_logprobs
+from clawjax.rl.replay import ReplaySetup, routing_metrics, routing_stats
 from clawjax.rl.losses import TokenInputs, check_loss, tis_weights, value_loss
 from clawjax.rl.value import values_at
 from clawjax.tree.batch import PackedBatch
@@ -153,6 +162,8 @@ class Learner:
     self.cfg = cfg
     self.loss_spec = check_loss(cfg, where="LearnerConfig")
     self.aggregation = self.loss_spec.aggregation_of(cfg)
+    self.replay = ReplaySetup(cfg.routing_replay, getattr(policy, "cfg", None),
+                              getattr(getattr(value, "trunk", None), "cfg", None))
     if (value is None) != (cfg.value.kind == "none"):
       raise ValueError(f"LearnerConfig.value.kind={cfg.value.kind!r} but value model "
                        f"{'missing' if value is None else 'given'}")
@@ -194,7 +205,8 @@ class Learner:
       self.state = jax.device_put(state, self.state_sharding)
       self.rest = jax.device_put(rest, replicated)
 
-    batch_sh = DeviceBatch(**{f.name: sharding.batch_sharding(self.mesh, 2 if f.name == "row_order" else 3, leading=1)
+    ndim = {"row_order": 2, "routes": 5}
+    batch_sh = DeviceBatch(**{f.name: sharding.batch_sharding(self.mesh, ndim.get(f.name, 3), leading=1)
                               for f in dataclasses.fields(DeviceBatch)})
     self.batch_sharding = batch_sh
     old_sh = sharding.batch_sharding(self.mesh, 3, leading=1)  # pi_old and the like: [M, r, K] as the batch's
@@ -231,6 +243,7 @@ class Learner:
     process with fewer batches contributes empty rows only. No process holds the others' rows; each
     global array is assembled from the processes' own parts (`jax.make_array_from_process_local_data`)."""
     cfg = self.cfg
+    batches = [self.replay.routes_of(b) for b in batches]
     own = [batch_shape(b, chunk=cfg.logits_chunk) for b in batches]
     everyone = distributed.allgather_json([dataclasses.astuple(s) for s in own])
     shapes = agree_shapes([[BatchShape(*s) for s in shapes] for shapes in everyone])
@@ -240,10 +253,14 @@ class Learner:
                      whole_rollouts=self.loss_spec.sequence, chunk=cfg.logits_chunk)
     local = []
     for i, shape in enumerate(shapes):
-      layout, size = self._layout(shape.counts), dict(length=shape.length, loss_slots=self._loss_slots)
+      layout, size = self._layout(shape.counts), dict(length=shape.length, loss_slots=self._loss_slots,
+                                                      routes=self.replay.layout(shape.route_bytes))
       local.append(prepare_batch(batches[i], layout, process=process, **weighting, **size) if i < len(batches)
                    else empty_batch(layout, process, **size))
-    return [jax.make_array_from_process_local_data(self.batch_sharding, b) for b in local]
+    # (A batch without routes has no routes arrays: its sharding has none either.)
+    placed = lambda b: self.batch_sharding if b.routes is not None else dataclasses.replace(
+        self.batch_sharding, routes=None, routed=None)
+    return [jax.make_array_from_process_local_data(placed(b), b) for b in local]
 
   def _layout(self, counts: Sequence[int]) -> RowLayout:
     """The layout of a global batch whose processes have `counts` rows."""
@@ -316,45 +333,61 @@ class Learner:
 
   # ---- traced functions -----------------------------------------------------------------------------
 
+  @staticmethod
+  def _replay_of(mb: DeviceBatch) -> Replay | None:
+    return None if mb.routes is None else Replay(mb.routes, mb.routed & (mb.segment_ids > 0))
+
   def _policy_tokens(self, policy_params: nnx.State, rest, mb: DeviceBatch):
+    """(log-prob, entropy, hidden state of the loss tokens, routing stats per row [r, 4] or None)."""
     model = nnx.merge(self.policy_def, policy_params, rest[0])
-    hidden = model.hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end)
+    replay, stats = self._replay_of(mb), None
+    if replay is None:
+      hidden = model.hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end)
+    else:
+      hidden, disagree = model.routed_hidden(mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end, replay)
+      stats = routing_stats(mb.segment_ids, mb.subtree_end, replay.replay_BT, disagree)
     h_RKD = gather_rows(hidden, mb.pred_index)
     logp, entropy = token_logprobs(model.logits, h_RKD, mb.targets, self.cfg.temperature, self.cfg.logits_chunk,
                                    entropy_grad=self.loss_spec.entropy_grad)
-    return logp, entropy, h_RKD
+    return logp, entropy, h_RKD, stats
 
   def _values(self, value_params: nnx.State, rest, mb: DeviceBatch, h_RKD: jax.Array) -> jax.Array:
     value_model = nnx.merge(self.value_def, value_params, rest[1])
-    return values_at(value_model, h_RKD, mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end, mb.pred_index)
+    replay = self._replay_of(mb) if self.replay.critic else None
+    return values_at(value_model, h_RKD, mb.tokens, mb.positions, mb.segment_ids, mb.subtree_end, mb.pred_index,
+                     replay)
 
-  def _outputs(self, params: dict, rest, mb: DeviceBatch) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """(log-prob, entropy, value or None) of the micro-batch's loss tokens, [r, K] each."""
-    logp, entropy, h = self._policy_tokens(params["policy"], rest, mb)
+  def _outputs(self, params: dict, rest, mb: DeviceBatch) -> tuple[jax.Array, jax.Array, jax.Array | None, Any]:
+    """(log-prob, entropy, value or None, routing stats or None) of the micro-batch's loss tokens, [r, K]
+    each (the stats [r, 4])."""
+    logp, entropy, h, stats = self._policy_tokens(params["policy"], rest, mb)
     values = self._values(params["value"], rest, mb, h) if self.value_def is not None else None
-    return logp, entropy, values
+    return logp, entropy, values, stats
 
-  def _old_of(self, state: TrainState, rest, mb: DeviceBatch, logp: jax.Array, values: jax.Array | None
-              ) -> dict[str, jax.Array]:
-    """pi_old (and V_old, pi_ref) of a micro-batch, from the current params' outputs (gradient stopped)."""
+  def _old_of(self, state: TrainState, rest, mb: DeviceBatch, logp: jax.Array, values: jax.Array | None,
+              routing: jax.Array | None = None) -> dict[str, jax.Array]:
+    """pi_old (and V_old, pi_ref, the routing stats) of a micro-batch, from the current params' outputs
+    (gradient stopped)."""
     out = {"logp_old": logp}
     if values is not None:
       out["values_old"] = values
+    if routing is not None:
+      out["routing"] = routing
     if self.cfg.kl_coef:
       out["logp_ref"] = self._policy_tokens(state.ref_params, rest, mb)[0]
     return jax.lax.stop_gradient(out)
 
   def _old_pass(self, state: TrainState, batch: DeviceBatch, rest) -> dict[str, jax.Array]:
-    """pi_old (and V_old, pi_ref) for every micro-batch, [M, r, K] each, before any update."""
+    """pi_old (and V_old, pi_ref, the routing stats) for every micro-batch, [M, r, K] each, before any update."""
 
     def one(mb: DeviceBatch) -> dict[str, jax.Array]:
-      logp, _, values = self._outputs(state.params, rest, mb)
-      return self._old_of(state, rest, mb, logp, values)
+      logp, _, values, routing = self._outputs(state.params, rest, mb)
+      return self._old_of(state, rest, mb, logp, values, routing)
 
     return jax.lax.map(one, batch)
 
   def _token_loss(self, outputs: tuple, mb: DeviceBatch, old: dict, norm: dict[str, jax.Array], rng: jax.Array):
-    logp, entropy, values = outputs
+    logp, entropy, values, _ = outputs
     w_tis, _ = tis_weights(old["logp_old"], mb.logp_rollout, self.cfg.c_bar)
     x = TokenInputs(logp=logp, logp_old=old["logp_old"], logp_rollout=mb.logp_rollout, advantages=mb.advantages,
                     returns=mb.returns, mask=mb.weight > 0, entropy=entropy, values=values,
@@ -379,8 +412,8 @@ class Learner:
     critic = lambda value_params: self._values(value_params, rest, mb, None)
 
     def loss_of(policy_params: nnx.State, values: jax.Array):
-      logp, entropy, _ = self._policy_tokens(policy_params, rest, mb)
-      return self._token_loss((logp, entropy, values), mb, old, norm, rng)
+      logp, entropy, _, _ = self._policy_tokens(policy_params, rest, mb)
+      return self._token_loss((logp, entropy, values, None), mb, old, norm, rng)
 
     out, (policy_grads, values_grad) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(
         params["policy"], critic(params["value"]))
@@ -424,9 +457,12 @@ class Learner:
   def _tis_metrics(self, batch: DeviceBatch, old: dict, norm: dict[str, jax.Array]) -> dict[str, jax.Array]:
     _, truncated = tis_weights(old["logp_old"], batch.logp_rollout, self.cfg.c_bar)
     diff = jnp.abs(old["logp_old"] - batch.logp_rollout)
-    return {"tis_truncated_fraction": _masked_mean(truncated.astype(jnp.float32), batch.weight, norm["metrics"]),
-            "mean_abs_logp_old_minus_rollout": _masked_mean(diff, batch.weight, norm["metrics"]),
-            "max_abs_logp_old_minus_rollout": jnp.max(jnp.where(batch.weight > 0, diff, 0.0))}
+    out = {"tis_truncated_fraction": _masked_mean(truncated.astype(jnp.float32), batch.weight, norm["metrics"]),
+           "mean_abs_logp_old_minus_rollout": _masked_mean(diff, batch.weight, norm["metrics"]),
+           "max_abs_logp_old_minus_rollout": jnp.max(jnp.where(batch.weight > 0, diff, 0.0))}
+    if "routing" in old:
+      out.update(routing_metrics(old["routing"], self.replay.moe_layers))
+    return out
 
   def _train_fn(self, state: TrainState, batch: DeviceBatch, rest, old: dict[str, jax.Array]):
     cfg = self.cfg

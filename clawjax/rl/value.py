@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from clawjax.models.routing import Replay
 from clawjax.rl.logprobs import gather_rows
 
 
@@ -45,9 +46,12 @@ def make_value_model(kind: str, d_model: int, trunk: nnx.Module | None = None) -
 
 def values_at(value_model: nnx.Module, policy_hidden_RKD: jax.Array, tokens_RT: jax.Array,
               positions_RT: jax.Array, segment_ids_RT: jax.Array, subtree_end_RT: jax.Array,
-              pred_index_RK: jax.Array) -> jax.Array:
-  """V(s_t) for each loss slot, [R, K]."""
+              pred_index_RK: jax.Array, replay: Replay | None = None) -> jax.Array:
+  """V(s_t) for each loss slot, [R, K]; `replay`: a MoE critic trunk routes as the policy replays."""
   if isinstance(value_model, SeparateValue):
-    hidden = value_model.trunk.hidden(tokens_RT, positions_RT, segment_ids_RT, subtree_end_RT)
+    if replay is None:
+      hidden = value_model.trunk.hidden(tokens_RT, positions_RT, segment_ids_RT, subtree_end_RT)
+    else:
+      hidden = value_model.trunk.hidden(tokens_RT, positions_RT, segment_ids_RT, subtree_end_RT, replay)
     return value_model.head(gather_rows(hidden, pred_index_RK))
   return value_model(policy_hidden_RKD)

@@ -7,7 +7,8 @@ ids are turned into text once, the engine gets the cached text plus them, and th
 reference form (`input_ref` + `input_tail`, see `clawjax.calllog`) with only the new ids. A line is then
 ~2 KB instead of ~150 KB, which is what the fsync before each response's final event has to wait for,
 and a rollout's log grows linearly instead of quadratically. Inputs that extend no cached call (a
-subagent's first call, a compacted context) are written whole.
+subagent's first call, a compacted context) are written whole. Routes likewise: a call that refers to an
+earlier one stores (in the sidecar) only the routes of the positions past what that call's routes cover.
 
 The server calls `encode_ids` before it sends the engine `EncodedInput.engine_json`; once the output is
 known it builds the line (`call_line`), hands it to a log thread to `append` (one writev, then fsync),
@@ -22,15 +23,19 @@ import os
 import threading
 from collections.abc import Sequence
 
-from clawjax.calllog import CallLogWriter, CallRecord, ids_json, record_line
+from clawjax.calllog import CallLogWriter, CallRecord, Line, ids_json, record_line
+from clawjax.routes import RoutedExperts
 
 
 @dataclasses.dataclass(frozen=True)
 class EncodedInput:
   """A call's input ids, encoded for the engine request (`engine_json`: the whole array) and for the
-  log line (`log_field`: `"input_ids":[...]` or `"input_ref":{...},"input_tail":[...]`)."""
+  log line (`log_field`: `"input_ids":[...]` or `"input_ref":{...},"input_tail":[...]`). `routes_from`:
+  the positions before it have routes in the log already (the referenced call's), so the call's record
+  stores the routes of the later ones only, and an engine may be asked for those only."""
   engine_json: bytes
   log_field: bytes
+  routes_from: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +48,20 @@ class _Written:
   output_ids: tuple[int, ...]
   input_json: bytes   # [...]: what the engine was sent
   output_text: bytes  # comma-joined, no brackets
+  routes_end: int     # its routes (through its own reference) cover positions [0, routes_end)
+
+
+def own_routes(routes: RoutedExperts | None, routes_from: int, computed: int) -> tuple[RoutedExperts | None, str | None]:
+  """The routes a call's record stores, of positions [routes_from, computed), from the engine's `routes`
+  (of [first, end)); or (None, why) when they cannot be: routes that do not reach `computed`
+  (len(input) + len(output) - 1) or start past `routes_from`. Nothing fails: the call is logged without."""
+  if routes is None:
+    return None, None
+  if routes.end != computed or routes.first > routes_from:
+    return None, (f"the engine's routes cover positions [{routes.first}, {routes.end}), the record needs "
+                  f"[{routes_from}, {computed})")
+  held = routes.full()
+  return RoutedExperts(routes_from, held[routes_from - routes.first:]), None
 
 
 class RolloutLogWriter(CallLogWriter):
@@ -79,7 +98,8 @@ class RolloutLogWriter(CallLogWriter):
             parts += (b",", more)
         return EncodedInput(
             b"".join((*parts, b"]")),
-            b'"input_ref":{"call_index":%d,"length":%d},"input_tail":[%b]' % (c.call_index, n, tail))
+            b'"input_ref":{"call_index":%d,"length":%d},"input_tail":[%b]' % (c.call_index, n, tail),
+            min(c.routes_end, n))
     engine = ids_json(ids)
     return EncodedInput(engine, b'"input_ids":' + engine)
 
@@ -91,15 +111,17 @@ class RolloutLogWriter(CallLogWriter):
     self.append(self.call_line(record, encoded))
     self.remember(self.cache_entry(record, encoded))
 
-  def call_line(self, record: CallRecord, encoded: EncodedInput) -> list[bytes]:
+  def call_line(self, record: CallRecord, encoded: EncodedInput) -> Line:
     """The validated line of `record`, for `append` (the server builds it on its event loop and appends
     it on a log thread, where only the write and the fsync happen)."""
     return record_line(record, f"{self.path}:<new call record>", encoded.log_field)
 
   def cache_entry(self, record: CallRecord, encoded: EncodedInput) -> _Written:
     """`record`'s input + output and their text: the likely prefix of the next call's input."""
+    routes = record.routed_experts
     return _Written(record.call_index, tuple(record.input_ids), tuple(record.output_ids),
-                    encoded.engine_json, ",".join(map(str, record.output_ids)).encode())
+                    encoded.engine_json, ",".join(map(str, record.output_ids)).encode(),
+                    0 if routes is None else routes.end)
 
   def remember(self, written: _Written) -> None:
     """Caches the entry of a record that is on disk."""

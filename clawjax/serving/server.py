@@ -50,7 +50,7 @@ from clawjax.serving.chat import ChatRequest, ChatResult, Dialect, TurnEvents, n
 from clawjax.serving.errors import ApiError
 from clawjax.serving.intake import ClientCappedSite, read_json
 from clawjax.serving.logspace import LogSpace
-from clawjax.serving.logwriter import EncodedInput
+from clawjax.serving.logwriter import EncodedInput, own_routes
 from clawjax.serving.openai_api import OpenAIDialect
 from clawjax.serving.openai_responses import ResponsesDialect
 from clawjax.serving.profiles import HarnessProfile, profile_for
@@ -413,7 +413,8 @@ class ShimServer:
   async def _generate(self, call: _Call) -> tuple[Generation, float]:
     """The backend's generation and its seconds (`backend_s`: splits a call's time, engine vs shim)."""
     t = time.time()
-    prompt = PromptIds(call.input_ids, call.encoded.engine_json, routing_key=call.rollout.rollout_id)
+    prompt = PromptIds(call.input_ids, call.encoded.engine_json, routing_key=call.rollout.rollout_id,
+                       routes_from=call.encoded.routes_from)
     if call.feed.woken is None:
       gen = await self.backend.generate(prompt, call.params)
     else:
@@ -479,9 +480,13 @@ class ShimServer:
       extra["malformed_tool_calls"] = list(turn.malformed)
     if call.disconnected:
       extra["client_disconnected"] = True
+    routes, problem = own_routes(gen.routed_experts, call.encoded.routes_from,
+                                 len(call.input_ids) + len(gen.output_ids) - 1)
+    if problem:
+      extra["routes_dropped"] = problem
     record = call.record(status="ok", output_ids=tuple(gen.output_ids),
                          output_logprobs=tuple(gen.output_logprobs), finish_reason=gen.finish_reason,
-                         policy_version=gen.policy_version, extra=extra)
+                         policy_version=gen.policy_version, extra=extra, routed_experts=routes)
     stored = self._start_store(call, record)
     result = ChatResult(turn, len(call.input_ids), len(gen.output_ids), gen.finish_reason)
     if not call.req.stream:

@@ -98,11 +98,11 @@ def run_sft(policy, trees: list[CallTree], config: SFTConfig, learner_config: Le
   """`config.steps` cross-entropy updates on the demonstration trees, epoch after epoch of length-binned
   packed batches of `rows` x `row_len` (the SFT stage's loop); returns the trained policy module."""
   # The demonstrations' cross-entropy is a token mean: the RL loss's options and per-rollout aggregations
-  # are not its.
+  # are not its. They were not sampled by the policy: no routes to replay.
   sft_cfg = dataclasses.replace(learner_config, loss="sft", loss_kwargs={}, normalisation=None,
                                 aggregation="paths" if learner_config.aggregation == "paths" else "token",
                                 lr=config.lr, kl_coef=0.0, warmup_steps=0,
-                                micro_batches=1, epochs=1, minibatches=1, shuffle=False,
+                                micro_batches=1, epochs=1, minibatches=1, shuffle=False, routing_replay="off",
                                 value=dataclasses.replace(learner_config.value, kind="none"))
   refuse_trees(trees, policy.cfg.vocab_size)
   learner = Learner(sft_cfg, policy)

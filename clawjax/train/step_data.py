@@ -227,6 +227,7 @@ def build_step(loaded: LoadedLog, *, policy_version: int, vocab_size: int, filte
       "loss_tokens": float(sum(t.loss_tokens for t in kept)),
       "leaves": float(sum(kept_filter[rid].leaves for rid in kept_ids)),
       "drift_calls": float(sum(kept_filter[rid].drift_calls for rid in kept_ids)),
+      "route_disagree": float(sum(t.route_disagree for t in kept)),
       "singleton_groups": float(scores.singleton_groups),
       "zero_variance_groups": float(scores.zero_variance_groups),
       # Groups with a trained rollout, and those of them whose advantages are all 0 (no signal).
@@ -346,5 +347,7 @@ def step_metrics(summaries: Sequence[dict[str, Any]]) -> dict[str, float]:
   out["leaves_mean"] = tree["leaves"] / max(tree["trained_rollouts"], 1)
   out["rollouts_ok"] = float(len(rewards))
   out["over_branching_rate"] = counts.get("over_branching", 0) / max(len(rewards), 1)
+  # Tree tokens two kept calls' engines routed differently (clawjax.tree.build): engine nondeterminism.
+  out["routing/cross_call_disagree"] = float(tree["route_disagree"])
   out.update({f"staleness/{k}": float(v) for k, v in sorted(staleness.items(), key=lambda kv: int(kv[0]))})
   return out

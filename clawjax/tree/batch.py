@@ -67,6 +67,11 @@ class PackedBatch:
   rollout_ids_N: list[str]        # the rollouts packed, in rollout_index order
   group_ids_N: np.ndarray         # int32 GRPO group of each rollout (one (task, harness) pair each)
   rewards_N: np.ndarray           # float32 reward of each rollout
+  # The engine's routed experts of each token [rows, row_len, layers, top_k] (uint8 / uint16, layers as the
+  # engine reported them: clawjax.routes), aligned with tokens_RT, and which tokens have one; None when
+  # no packed rollout logged routes.
+  routes_RTLK: np.ndarray | None = None
+  routed_RT: np.ndarray | None = None
 
   def __post_init__(self):
     if np.size(self.segment_ids_RT) and np.min(self.segment_ids_RT) < 0:

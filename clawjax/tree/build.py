@@ -12,6 +12,14 @@ filters.py). "Trained exactly once": if two kept calls sampled the same tokens f
 context, so the tree holds them once, owned by the earliest call (its log-prob is used); the later
 call owns only what it sampled beyond the shared part. A call whose output only re-samples tokens that
 were context of an earlier input (same prefix, same position) makes them sampled: they are its own draw.
+
+Routes (clawjax.routes): a call that logged its engine's routed experts gives each trie token it computed
+(every position of its sequence but the last) its route. A token several calls computed keeps the route
+of the call that computed it first (the lowest call_index among the kept calls that hold one; routes a
+later call repeats through its input_ref are the same array, not compared); a later call whose route for
+it differs (as a set of experts per layer: engine nondeterminism, another batch, a prefix recomputed) is
+counted in `CallTree.route_disagree` and changes nothing. Tokens no kept call computed with routes (a
+call's last sampled token, calls of a backend that reports none) have none (`routed_T` False).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from clawjax.calllog import CallRecord
+from clawjax.routes import RoutedExperts
 
 ROOT = 0
 
@@ -42,6 +51,14 @@ class Trie:
     self.start: list[int] = [0]
     self.parent: list[int] = [-1]
     self.children: list[dict[int, int]] = [{}]
+    # Routes per node: [len, layers, top_k] (None until a call gives one of its tokens a route), and which
+    # source array each token's route came from (-1: none): a call repeating an earlier call's array is
+    # not compared with it.
+    self.routes: list[np.ndarray | None] = [None]
+    self.route_src: list[np.ndarray] = [np.zeros(0, np.int32)]
+    self.route_disagree = 0
+    self._sources: dict[int, int] = {}
+    self._owners: list[RoutedExperts] = []  # (keeps each source's id() its own)
 
   def end(self, n: int) -> int:
     return self.start[n] + len(self.tokens[n])
@@ -54,6 +71,8 @@ class Trie:
     self.start.append(start)
     self.parent.append(parent)
     self.children.append({})
+    self.routes.append(None)
+    self.route_src.append(np.full(len(tokens), -1, np.int32))
     if len(tokens):
       self.children[parent][int(tokens[0])] = n
     return n
@@ -63,6 +82,9 @@ class Trie:
     t, o, l = self.tokens[n], self.owner[n], self.logp[n]
     head = self._new(self.parent[n], self.start[n], t[:k], o[:k], l[:k])
     self.tokens[n], self.owner[n], self.logp[n] = t[k:], o[k:], l[k:]
+    r, src = self.routes[n], self.route_src[n]
+    self.routes[head], self.route_src[head] = (None if r is None else r[:k]), src[:k]
+    self.routes[n], self.route_src[n] = (None if r is None else r[k:]), src[k:]
     self.start[n] += k
     self.parent[n] = head
     self.children[head][int(t[k])] = n
@@ -92,14 +114,17 @@ class Trie:
     return full, pos
 
   def insert(self, seq: np.ndarray, cuts: Sequence[int] = (), owner: int = -1,
-             sampled_from: int | None = None, logprobs: np.ndarray | None = None) -> list[int]:
+             sampled_from: int | None = None, logprobs: np.ndarray | None = None,
+             routes: RoutedExperts | None = None) -> list[int]:
     """Adds `seq` as a root-to-node path; returns the node ending exactly at each depth in `cuts`.
 
     Tokens at depth >= `sampled_from` were sampled by call `owner` with `logprobs`: they become owned
     by it where the trie holds them as context (earlier owners are kept: see the module docstring).
+    `routes`: the call's routes of positions of `seq` (the first route of a token is kept, see there).
     """
     seq = np.asarray(seq, np.int32)
     bounds = sorted({c for c in cuts if 0 < c <= len(seq)})
+    segments = [] if routes is None else [(s.start, s.ids_PLK, self._source(s.owner)) for s in routes.segments()]
     node, pos = ROOT, 0
     while pos < len(seq):
       child = self.children[node].get(int(seq[pos]))
@@ -108,6 +133,7 @@ class Trie:
         lp = np.zeros(len(seq) - pos, np.float32)
         node = self._new(node, pos, seq[pos:].copy(), own, lp)
         self._claim(node, pos, sampled_from, owner, logprobs)
+        self._claim_routes(node, pos, segments)
         pos = len(seq)
         break
       k = self._match(child, seq, pos)
@@ -117,6 +143,7 @@ class Trie:
       else:
         node = child
       self._claim(node, pos, sampled_from, owner, logprobs)
+      self._claim_routes(node, pos, segments)
       pos += k
     # Cut the path so that every requested depth is a node end.
     ends = {}
@@ -142,6 +169,45 @@ class Trie:
     o[take] = owner
     src = logprobs[pos + lo - sampled_from: pos + lo - sampled_from + len(o)]
     self.logp[node][lo:][take] = src[take]
+
+  def _source(self, owner: RoutedExperts) -> int:
+    if id(owner) not in self._sources:
+      self._sources[id(owner)] = len(self._owners)
+      self._owners.append(owner)
+    return self._sources[id(owner)]
+
+  def _claim_routes(self, node: int, pos: int, segments: list[tuple[int, np.ndarray, int]]) -> None:
+    """Gives the node's tokens (positions pos.. of the inserted sequence) the routes `segments` hold for
+    them where they have none; counts those whose route differs from the one they have."""
+    n = len(self.tokens[node])
+    for start, ids_PLK, src in segments:
+      lo, hi = max(start, pos), min(start + len(ids_PLK), pos + n)
+      if lo >= hi:
+        continue
+      new_PLK = ids_PLK[lo - start:hi - start]
+      routes = self.routes[node]
+      if routes is None or routes.shape[1:] != new_PLK.shape[1:] or routes.dtype.itemsize < new_PLK.dtype.itemsize:
+        routes = self._route_array(node, new_PLK)
+      have_P, mine_PLK = self.route_src[node][lo - pos:hi - pos], routes[lo - pos:hi - pos]
+      empty_P = have_P < 0
+      other_P = ~empty_P & (have_P != src)
+      if other_P.any():
+        differ = np.any(np.sort(mine_PLK[other_P], -1) != np.sort(new_PLK[other_P], -1), axis=(1, 2))
+        self.route_disagree += int(differ.sum())
+      mine_PLK[empty_P] = new_PLK[empty_P]
+      have_P[empty_P] = src
+
+  def _route_array(self, node: int, like_PLK: np.ndarray) -> np.ndarray:
+    """The node's routes array, made (or widened) to hold routes like `like_PLK`; [layers, top_k] must
+    agree with what it holds."""
+    n, old = len(self.tokens[node]), self.routes[node]
+    if old is not None and old.shape[1:] != like_PLK.shape[1:]:
+      raise ValueError(f"routes of [layers, top_k] {like_PLK.shape[1:]} and {old.shape[1:]} in one rollout")
+    dtype = like_PLK.dtype if old is None else np.promote_types(old.dtype, like_PLK.dtype)
+    self.routes[node] = np.zeros((n, *like_PLK.shape[1:]), dtype)
+    if old is not None:
+      self.routes[node][:] = old
+    return self.routes[node]
 
   def path_nodes(self, node: int) -> list[int]:
     """Nodes from the root's first child down to `node`."""
@@ -171,6 +237,11 @@ class CallTree:
   node_end_K: np.ndarray     # int32
   node_parent_K: np.ndarray  # int32 (-1 for top-level nodes)
   leaves_L: np.ndarray       # int32 node index of each leaf, in pre-order
+  # The engine's routes of each token, [T, layers, top_k] (see the module docstring), or None when no kept
+  # call logged any; routed_T: which tokens have one (None: none has).
+  routes_TLK: np.ndarray | None = None
+  routed_T: np.ndarray | None = None
+  route_disagree: int = 0    # tokens whose route a later kept call gave differently
 
   @property
   def size(self) -> int:
@@ -212,7 +283,7 @@ def build_tree(rollout_id: str, calls: Sequence[CallRecord],
   trie = Trie()
   for c in sorted(calls, key=lambda c: c.call_index):
     seq, lp = arrays[c.call_index] if arrays is not None else call_arrays(c)
-    trie.insert(seq, owner=c.call_index, sampled_from=len(c.input_ids), logprobs=lp)
+    trie.insert(seq, owner=c.call_index, sampled_from=len(c.input_ids), logprobs=lp, routes=c.routed_experts)
   return flatten(rollout_id, trie)
 
 
@@ -251,6 +322,13 @@ def flatten(rollout_id: str, trie: Trie) -> CallTree:
   parent[first] = np.where(parent_node[first] >= 0, node_end[np.maximum(parent_node[first], 0)] - 1, -1)
   depth = idx - per_token(node_start) + per_token(np.array([trie.start[n] for n in order], np.int32))
   cat = lambda arrs, dt: np.concatenate(arrs).astype(dt) if arrs else np.zeros(0, dt)
+  routed = cat([trie.route_src[n] >= 0 for n in order], bool)
+  routes = None
+  if routed.any():
+    like = next(trie.routes[n] for n in order if trie.routes[n] is not None)
+    dtype = np.result_type(*(trie.routes[n] for n in order if trie.routes[n] is not None))
+    routes = np.concatenate([trie.routes[n] if trie.routes[n] is not None
+                             else np.zeros((len(trie.tokens[n]), *like.shape[1:]), dtype) for n in order]).astype(dtype)
   return CallTree(
       rollout_id=rollout_id,
       tokens_T=cat([trie.tokens[n] for n in order], np.int32),
@@ -260,4 +338,5 @@ def flatten(rollout_id: str, trie: Trie) -> CallTree:
       logprobs_T=cat([trie.logp[n] for n in order], np.float32),
       paths_T=per_token(n_paths).astype(np.int32),
       node_start_K=node_start, node_end_K=node_end, node_parent_K=node_parent,
-      leaves_L=np.flatnonzero(is_leaf).astype(np.int32))
+      leaves_L=np.flatnonzero(is_leaf).astype(np.int32),
+      routes_TLK=routes, routed_T=routed if routes is not None else None, route_disagree=trie.route_disagree)

@@ -14,6 +14,10 @@ tokens are unchanged. Each tree's remaining tokens follow the prefix, one tree a
 of each a child of the last prefix token; depths (RoPE positions) are unchanged. A group's trees go into
 as few merged segments of at most `row_len` tokens as first-fit decreasing finds; groups are never
 merged with each other. The prefix's rollout_index is the segment's first rollout (see batch.py).
+
+Routes (CallTree.routes_TLK) travel with their tokens in every layout: a shared prompt keeps the first
+tree's (the same prompt computed by the engine for another rollout may have been routed otherwise; that
+rollout's replay then uses the first tree's routes for it, as its tokens are the first tree's too).
 """
 
 from __future__ import annotations
@@ -40,9 +44,32 @@ class _Segment:
   unique_weight: np.ndarray
   path_weight: np.ndarray
   logprobs: np.ndarray
+  routes: np.ndarray | None = None  # [n, layers, top_k], zeros where `routed` is False
+  routed: np.ndarray | None = None
 
   def __len__(self) -> int:
     return len(self.tokens)
+
+
+def _route_layout(trees: Sequence[CallTree]) -> tuple[tuple[int, ...], np.dtype] | None:
+  """The (layers, top_k) and dtype of the trees' routes, None when none has any; trees of one batch must
+  agree (one model's)."""
+  have = [t for t in trees if t.routes_TLK is not None]
+  if not have:
+    return None
+  shapes = {t.routes_TLK.shape[1:] for t in have}
+  if len(shapes) > 1:
+    raise ValueError(f"rollouts' routes disagree on [layers, top_k]: {sorted(shapes)} (rollout "
+                     f"{have[0].rollout_id!r} and others): one model's calls only")
+  return shapes.pop(), np.result_type(*(t.routes_TLK for t in have))
+
+
+def _tree_routes(t: CallTree, layout: tuple[tuple[int, ...], np.dtype] | None) -> tuple[np.ndarray, np.ndarray]:
+  """(routes [T, layers, top_k], routed [T]) of a tree in the batch's route layout (zeros when it has none)."""
+  shape, dtype = layout
+  if t.routes_TLK is None:
+    return np.zeros((t.size, *shape), dtype), np.zeros(t.size, bool)
+  return t.routes_TLK.astype(dtype, copy=False), t.routed_T
 
 
 # A merged segment: the common prefix length and the indices of its trees (prefix 0: one tree).
@@ -62,6 +89,11 @@ def _tree_segment(trees: Sequence[CallTree], prefix: int) -> _Segment:
     return np.concatenate([f(k, t)[starts[k]:] for k, t in enumerate(trees)])
 
   trained = cat(lambda k, t: t.owner_T >= 0)
+  layout = _route_layout(trees)
+  routes = routed = None
+  if layout is not None:
+    routes = cat(lambda k, t: _tree_routes(t, layout)[0])
+    routed = cat(lambda k, t: _tree_routes(t, layout)[1])
   return _Segment(
       rollout_ids=[t.rollout_id for t in trees],
       rollout_of=cat(lambda k, t: np.full(t.size, k, np.int32)),
@@ -70,7 +102,7 @@ def _tree_segment(trees: Sequence[CallTree], prefix: int) -> _Segment:
       subtree_end=cat(lambda k, t: np.where(np.arange(t.size) < prefix, total, t.subtree_end_T + shift[k])),
       unique_weight=trained.astype(np.float32),
       path_weight=np.where(trained, cat(lambda k, t: t.paths_T), 0).astype(np.float32),
-      logprobs=cat(lambda k, t: t.logprobs_T))
+      logprobs=cat(lambda k, t: t.logprobs_T), routes=routes, routed=routed)
 
 
 def _shareable(t: CallTree) -> int:
@@ -127,7 +159,8 @@ def _path_segments(t: CallTree) -> list[_Segment]:
     out.append(_Segment([t.rollout_id], np.zeros(n, np.int32), t.tokens_T[idx],
                         np.arange(n, dtype=np.int32), np.arange(-1, n - 1, dtype=np.int32),
                         np.full(n, n, np.int32), first.astype(np.float32), trained.astype(np.float32),
-                        t.logprobs_T[idx]))
+                        t.logprobs_T[idx], None if t.routes_TLK is None else t.routes_TLK[idx],
+                        None if t.routed_T is None else t.routed_T[idx]))
   return out
 
 
@@ -245,6 +278,10 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores,
       segment_ids_RT=i32(0), unique_weight_RT=f32(), path_weight_RT=f32(), rollout_logprobs_RT=f32(),
       advantages_RT=f32(), returns_RT=f32(), baselines_RT=f32(), rollout_index_RT=i32(-1),
       rollout_ids_N=[], group_ids_N=np.zeros(0, np.int32), rewards_N=np.zeros(0, np.float32))
+  layout = _route_layout(trees)
+  if layout is not None:
+    b.routes_RTLK = np.zeros((*shape, *layout[0]), layout[1])
+    b.routed_RT = np.zeros(shape, bool)
   local: dict[str, int] = {}
   fill = [0] * n_rows
   n_segments = [0] * n_rows
@@ -267,6 +304,9 @@ def _pack(trees: Sequence[CallTree], scores: RolloutScores,
     b.returns_RT[r, a:z] = np.where(trained, scores.rewards_N[k_T], 0)
     b.baselines_RT[r, a:z] = np.where(trained, scores.baselines_N[k_T], 0)
     b.rollout_index_RT[r, a:z] = n_T
+    if s.routes is not None:
+      b.routes_RTLK[r, a:z] = s.routes
+      b.routed_RT[r, a:z] = s.routed
   order = [index[rid] for rid in local]
   b.rollout_ids_N = list(local)
   b.group_ids_N = scores.group_ids_N[order].astype(np.int32)

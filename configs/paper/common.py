@@ -39,6 +39,9 @@ def paper_config(*harnesses: str, loss: str = "grpo") -> config_dict.ConfigDict:
   c.engine.backend = "sglang"
   c.engine.url = config_dict.placeholder(str)         # the SGLang server serving model.init
   c.engine.export_dir = config_dict.placeholder(str)  # a path the SGLang server can read
+  # Each call's routed experts for rollout routing replay (learner.routing_replay "auto"): Qwen3-30B-A3B
+  # routes a token to 8 experts. The SGLang servers run with --enable-return-routed-experts.
+  c.engine.options = config_dict.ConfigDict({"routed_experts": 8})
 
   # expert 1: at 64K tokens a device, fsdp's per-layer gather of the experts should hide behind their
   # compute; expert parallelism is for fewer tokens a device (clawjax/sharding.py's MeshConfig says when).

@@ -141,10 +141,10 @@ def test_padding_rows_do_not_extend_the_keys_read(model):
   greedy = SamplingParams(max_new_tokens=new, temperature=0.0)
   key = np.zeros(2, np.uint32)
   chunks = [kv_forward.PrefillChunk(slot, np.asarray(ids, np.int32), 0, key, greedy) for slot, ids in enumerate(inputs)]
-  cache, first, _ = runner.prefill(weights, cache, chunks)
+  cache, first, _, _ = runner.prefill(weights, cache, chunks)  # (no routes recorded)
   decode = [kv_forward.DecodeRow(slot, int(first[slot]), len(ids), key, 1, new - 1, greedy)
             for slot, ids in enumerate(inputs)]
-  cache, runs, logprobs = runner.decode(weights, cache, decode, steps)
+  cache, runs, logprobs, _ = runner.decode(weights, cache, decode, steps)
   for slot, ids in enumerate(inputs):
     out = [int(first[slot])] + [int(x) for x in runs[slot]]
     assert len(out) == new

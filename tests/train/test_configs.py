@@ -29,7 +29,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.py")) + sorted(
     p for p in (ROOT / "configs" / "paper").glob("*.py") if p.name != "common.py") + [
         ROOT / "configs" / "smollm2" / "grpo.py"]
 # Rollouts a step: the paper's 256; the CPU configs' fewer, so a step's learner update stays short.
-ROLLOUTS_PER_STEP = {"quickstart": 32, "grpo": 16}
+ROLLOUTS_PER_STEP = {"quickstart": 32, "quickstart_moe": 32, "grpo": 16}
 TASKS = str(bundled_tasks_dir())
 
 
@@ -81,6 +81,8 @@ def test_paper_configs_follow_the_paper():
   assert by_name["ppo_openclaw_30a3b"].learner.loss == "ppo"
   assert (by_name["ppo_openclaw_30a3b"].tasks_per_step, by_name["ppo_openclaw_30a3b"].rollouts_per_task) == (256, 1)
   assert all(c.shim.max_context == 65_536 for c in by_name.values())
+  # Qwen3-30B-A3B's 8 experts a token: each call asks SGLang for its routes, which the learner replays.
+  assert all(c.engine.options["routed_experts"] == 8 and c.learner.routing_replay == "auto" for c in by_name.values())
   assert all(c.tasks_per_step * c.rollouts_per_task * len(c.harnesses) == 256 for c in by_name.values())
 
 

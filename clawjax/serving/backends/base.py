@@ -33,6 +33,7 @@ from typing import Any
 
 from clawjax.calllog import MAX_TOKEN_ID, ids_json, is_token_id
 from clawjax.generation import Generation, SamplingParams, TokenSink
+from clawjax.routes import RoutedExperts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +43,13 @@ class PromptIds:
   backend sends it instead of re-encoding ~20K ids; anyone else gives the ids alone. `routing_key`: the
   rollout it belongs to, which a remote backend sends as SGLang's router routing key
   (`x-smg-routing-key`, its `--policy manual`), so that every call of a rollout reaches the replica that
-  holds its prefix."""
+  holds its prefix. `routes_from`: the routes of positions before it are in the log already, so an
+  engine that can skip them (SGLang's routed_experts_start_len, vLLM's routed_experts_prompt_start) is
+  asked for the later ones only."""
   ids: Sequence[int]
   json_text: bytes | None = None
   routing_key: str | None = None
+  routes_from: int = 0
 
   def json(self) -> bytes:
     """The JSON array of `ids`: the cached text when there is one."""
@@ -92,11 +96,12 @@ class BackendError(Exception):
 
 
 def engine_generation(where: str, ids: Sequence[Any], logprobs: Sequence[Any], finish_reason: str,
-                      policy_version: int | None = None, cached_tokens: int | None = None) -> Generation:
+                      policy_version: int | None = None, cached_tokens: int | None = None,
+                      routed_experts: RoutedExperts | None = None) -> Generation:
   """The Generation of a remote engine's answer; one that is not valid (unpaired ids and log-probs, a
   bad id or log-prob) is a BackendError naming `where`."""
   try:
-    return Generation(tuple(ids), tuple(logprobs), finish_reason, policy_version, cached_tokens)
+    return Generation(tuple(ids), tuple(logprobs), finish_reason, policy_version, cached_tokens, routed_experts)
   except ValueError as e:
     raise BackendError(f"{where}: {e}") from None
 

@@ -12,9 +12,11 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from clawjax.config import parse_value
 from clawjax.engine.engine import Engine, EngineConfig, EngineError
 from clawjax.generation import Generation, SamplingParams, TokenSink
 from clawjax.models.loading import load_model, load_weights
+from clawjax.routes import RoutedExperts
 from clawjax.serving.backends.base import BackendError, PromptIds, SamplingBackend, register_backend
 
 
@@ -32,9 +34,10 @@ class EmbeddedBackend(SamplingBackend):
       raise BackendError(f"embedded engine: {e}", status=e.status) from e
     if r.finish_reason == "abort":  # cut short by a weight update: retryable, as sglang.py treats it
       raise BackendError("embedded engine: request aborted by a weight update", status=503)
+    routes = None if r.routed_experts is None else RoutedExperts(0, r.routed_experts)
     return Generation(output_ids=r.output_ids, output_logprobs=r.output_logprobs,
                       finish_reason=r.finish_reason, policy_version=r.policy_version,
-                      cached_tokens=r.cached_tokens)
+                      cached_tokens=r.cached_tokens, routed_experts=routes)
 
   async def health(self) -> bool:
     return self.engine.alive
@@ -70,7 +73,7 @@ def engine_config(options: dict[str, Any]) -> EngineConfig:
   for name, value in options.items():
     kind = type(fields[name].default)
     try:
-      values[name] = kind(value)
+      values[name] = parse_value(kind, value, name) if isinstance(value, str) else kind(value)
     except ValueError:
       raise ValueError(f"embedded backend: option {name}={value!r} is not a {kind.__name__}") from None
   return EngineConfig(**values)

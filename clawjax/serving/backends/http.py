@@ -1,5 +1,9 @@
 """Shared HTTP plumbing for backends that are remote engine servers (sglang, vllm).
 
+Routes: `--backend-arg routed_experts=TOP_K` asks the engine for the experts its MoE layers chose at
+every position of each call (the positions the call's log record needs: PromptIds.routes_from on);
+serving/backends/routes.py decodes them.
+
 Keys, as the engines take them (`--backend-arg api_key=... admin_api_key=...`): `api_key` is sent as
 `Authorization: Bearer` on every request (SGLang's and vLLM's `--api-key`); `admin_api_key` on the
 control requests only (the weight update: SGLang's `--admin-api-key`, and the admin token of
@@ -95,10 +99,13 @@ class HttpBackend(Backend):
   health_path = "/health"
 
   def __init__(self, url: str | None, timeout_s: float | str = 3600.0, max_connections: int | str = 1024,
-               api_key: str | None = None, admin_api_key: str | None = None):
+               api_key: str | None = None, admin_api_key: str | None = None, routed_experts: int | str = 0):
+    """`routed_experts`: the MoE model's experts per token (top_k), to ask the engine for each call's
+    routes (serving/backends/routes.py); 0: not asked."""
     if not url:
       raise ValueError(f"{type(self).__name__}: --backend-url is required")
     self.url = url.rstrip("/")
+    self.routes_top_k = int(routed_experts)
     self._headers = _headers(api_key)
     self._admin_headers = _headers(admin_api_key or api_key)
     self.timeout = aiohttp.ClientTimeout(total=float(timeout_s))

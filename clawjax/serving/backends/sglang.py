@@ -24,6 +24,10 @@ began comes as a chunk {"error": {"message": ...}}. An aborted request (a weight
 and in a plain answer, and is retryable (503): with --incremental-streaming-output SGLang's abort chunk
 carries output_ids [the last token] beside the log-probs of all of them.
 
+Routes (`--backend-arg routed_experts=TOP_K`, the server started with `--enable-return-routed-experts`):
+the request adds `return_routed_experts: true` and `routed_experts_start_len` (PromptIds.routes_from),
+and the answer's (or last chunk's) meta_info.routed_experts is decoded by routes.py.
+
 Log-probs: SGLang returns them after temperature scaling by default, which is the shim's convention
 (do not set SGLANG_RETURN_ORIGINAL_LOGPROB on the engine). top_p/top_k are left at 1/-1 by the shim's
 defaults so the returned log-probs are those of the distribution sampled from. `sampling_seed` is
@@ -33,12 +37,14 @@ honoured only by a server started with `--enable-deterministic-inference` (SGLan
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from clawjax.generation import FINISH_REASONS, Generation, SamplingParams, TokenSink
 from clawjax.serving.backends.base import (BackendError, PromptIds, StreamedTokens, engine_generation,
                                            register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
+from clawjax.serving.backends.routes import sglang_routes
 
 
 def _request_body(prompt: PromptIds, params: SamplingParams, **options: Any) -> bytes:
@@ -124,18 +130,30 @@ def _generation(ids: list[Any], logprobs: list[Any], meta: dict[str, Any]) -> Ge
 class SGLangBackend(HttpBackend):
   _info_path = "/model_info"  # until a server answers it 404
 
+  def _route_options(self, prompt: PromptIds) -> dict[str, Any]:
+    """The request fields that ask for the call's routes past `prompt.routes_from` (none when not asked)."""
+    if not self.routes_top_k:
+      return {}
+    return {"return_routed_experts": True, "routed_experts_start_len": prompt.routes_from}
+
+  def _with_routes(self, gen: Generation, meta: dict[str, Any], prompt: PromptIds) -> Generation:
+    if not self.routes_top_k:
+      return gen
+    routes = sglang_routes(meta, prompt.routes_from, len(prompt.ids) + len(gen.output_ids) - 1, self.routes_top_k)
+    return dataclasses.replace(gen, routed_experts=routes)
+
   async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
-    answer = await self.request("POST", "/generate", body=_request_body(prompt, params),
+    answer = await self.request("POST", "/generate", body=_request_body(prompt, params, **self._route_options(prompt)),
                                 routing_key=prompt.routing_key)
     meta = _meta_info(answer)
     _check_not_aborted(meta)
     ids, logprobs = _tokens(answer, meta)
-    return _generation(ids, logprobs, meta)
+    return self._with_routes(_generation(ids, logprobs, meta), meta, prompt)
 
   async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
     got, meta = StreamedTokens("sglang /generate", on_tokens), None
-    body = _request_body(prompt, params, stream=True)
+    body = _request_body(prompt, params, stream=True, **self._route_options(prompt))
     async with contextlib.aclosing(self.stream("POST", "/generate", body=body,
                                                routing_key=prompt.routing_key)) as chunks:
       async for chunk in chunks:
@@ -160,7 +178,7 @@ class SGLangBackend(HttpBackend):
         got.add(ids, logprobs)
     if meta is None or meta.get("finish_reason") is None:
       raise got.unfinished()
-    return _generation(got.ids, got.logprobs, meta)
+    return self._with_routes(_generation(got.ids, got.logprobs, meta), meta, prompt)
 
   async def update_weights_from_disk(self, model_path: str, version: int, abort: bool = False) -> int | None:
     # SGLang's update flushes the prefix cache itself (`flush_cache`, true by default), while it holds

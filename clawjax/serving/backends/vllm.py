@@ -8,6 +8,11 @@ tokens only, finish_reason null until the last, a usage chunk (asked for, to che
 `data: [DONE]`; an error after the stream began comes as an event without `choices`
 ({"object": "error", "message": ...} or {"error": {...}}).
 
+Routes (`--backend-arg routed_experts=TOP_K`, vLLM started with `--enable-return-routed-experts`): the
+request adds `routed_experts_prompt_start` (PromptIds.routes_from); a whole answer's
+choices[0].routed_experts is decoded by routes.py. vLLM (0.32) puts none on stream chunks, so a streamed
+call (the shim's --incremental-stream) is logged without routes.
+
 Log-probs: start vLLM with `--logprobs-mode processed_logprobs` so they are taken after temperature
 scaling (the shim's convention; vLLM's default is the raw, temperature-1 distribution), and keep the
 shim's top_p=1/top_k=-1 so no truncation enters them.
@@ -19,9 +24,11 @@ import contextlib
 from typing import Any
 
 from clawjax.generation import Generation, SamplingParams, TokenSink
+from clawjax.routes import RoutedExperts
 from clawjax.serving.backends.base import (BackendError, PromptIds, StreamedTokens, engine_generation,
                                            register_backend)
 from clawjax.serving.backends.http import HttpBackend, json_with_ids
+from clawjax.serving.backends.routes import vllm_routes
 
 
 class VLLMBackend(HttpBackend):
@@ -40,6 +47,8 @@ class VLLMBackend(HttpBackend):
     return self.served_model
 
   async def _request_body(self, prompt: PromptIds, params: SamplingParams, **options: Any) -> bytes:
+    if self.routes_top_k:
+      options["routed_experts_prompt_start"] = prompt.routes_from
     payload = {"model": await self._model(), "max_tokens": params.max_new_tokens,
                "temperature": params.temperature,
                "top_p": params.top_p, "top_k": params.top_k,
@@ -52,9 +61,12 @@ class VLLMBackend(HttpBackend):
 
   async def generate(self, prompt: PromptIds, params: SamplingParams) -> Generation:
     body = await self._request_body(prompt, params)
-    ids, logprobs, finish = _choice(await self.request("POST", "/v1/completions", body=body,
-                                                       routing_key=prompt.routing_key))
-    return _generation(ids, logprobs, finish)
+    answer = await self.request("POST", "/v1/completions", body=body, routing_key=prompt.routing_key)
+    ids, logprobs, finish = _choice(answer)
+    routes = None
+    if self.routes_top_k:  # (_choice checked the answer's shape)
+      routes = vllm_routes(answer["choices"][0], prompt.routes_from, len(prompt.ids) + len(ids) - 1)
+    return _generation(ids, logprobs, finish, routes)
 
   async def generate_streaming(self, prompt: PromptIds, params: SamplingParams,
                                on_tokens: TokenSink) -> Generation:
@@ -100,10 +112,11 @@ def _choice(answer: Any) -> tuple[list[Any], list[Any], str | None]:
   return ids, logprobs, finish
 
 
-def _generation(ids: list[Any], logprobs: list[Any], finish: str | None) -> Generation:
+def _generation(ids: list[Any], logprobs: list[Any], finish: str | None,
+                routes: RoutedExperts | None = None) -> Generation:
   if finish not in ("stop", "length"):
     raise BackendError(f"vllm /v1/completions: finish_reason {finish!r}", status=503)
-  return engine_generation("vllm /v1/completions", ids, logprobs, finish)
+  return engine_generation("vllm /v1/completions", ids, logprobs, finish, routed_experts=routes)
 
 
 @register_backend("vllm")
