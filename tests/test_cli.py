@@ -44,7 +44,8 @@ def test_help_lists_the_flags_and_points_at_print_config(script):
 
 def test_a_missing_config_file_is_one_line(tmp_path):
   line = _error_line(_script("train", "--config=configs/quickstrat.py", f"--workdir={tmp_path}"))
-  assert line == "error: --config=configs/quickstrat.py: no such file; did you mean configs/quickstart.py?"
+  assert line == ("error: --config=configs/quickstrat.py: no such file; "
+                  "did you mean configs/quickstart.py, configs/quickstart_moe.py?")
 
 
 def test_a_bad_argument_to_a_config_file_is_one_line(tmp_path):

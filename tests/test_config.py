@@ -130,7 +130,7 @@ def test_a_model_that_no_run_could_load_is_named_with_the_close_presets(tmp_path
 def test_a_config_file_that_is_missing_or_fails_is_one_line_naming_it(tmp_path, monkeypatch):
   monkeypatch.chdir(ROOT)
   with pytest.raises(ConfigError, match=r"^--config=configs/quickstrat\.py: no such file; did you mean "
-                                        r"configs/quickstart\.py\?$"):
+                                        r"configs/quickstart\.py, configs/quickstart_moe\.py\?$"):
     config_lib.load_config_file("configs/quickstrat.py")
   with pytest.raises(ConfigError, match=r"^--config=nowhere/x\.py: no such file$"):
     config_lib.load_config_file("nowhere/x.py")

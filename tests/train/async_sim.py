@@ -76,9 +76,11 @@ class SimClock:
     return {self._owner} | {t.ident for t in threading.enumerate() if t.name.startswith(GROUP_THREADS)}
 
   def _others_blocked(self) -> bool:
-    ours = self._simulated()
-    return all((pathlib.Path(f.f_code.co_filename).name, f.f_code.co_name) in _BLOCKED
-               for ident, f in sys._current_frames().items() if ident in ours)  # pylint: disable=protected-access
+    """Every simulated thread waits. A thread being started has no frame yet (nor an ident) while its
+    starter waits in `Thread.start`: it counts as running, else the clock moves before it runs."""
+    frames = sys._current_frames()  # pylint: disable=protected-access
+    return all(ident in frames and (pathlib.Path(frames[ident].f_code.co_filename).name,
+                                    frames[ident].f_code.co_name) in _BLOCKED for ident in self._simulated())
 
   def _tick(self) -> None:
     while not self._stop.wait(0.0002):
