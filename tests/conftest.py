@@ -1,8 +1,11 @@
 """Test-wide setup: 8 simulated CPU devices so sharding tests see a mesh; deterministic, quiet JAX; one
-compilation cache for the run; files with slow tests first."""
+compilation cache for the run, each file's programs dropped after it; files with slow tests first."""
+import gc
 import os
 import shutil
 import tempfile
+
+import pytest
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -28,6 +31,17 @@ def pytest_collection_modifyitems(session, config, items):
   del session, config
   slow_files = {item.path for item in items if item.get_closest_marker("slow")}
   items.sort(key=lambda item: item.path not in slow_files)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Each test file's compiled programs are dropped after it: a worker runs some hundred files, and
+  holding every program it ever compiled grew it past 7 GiB, pressing two workers and their trainer
+  processes into 24 GiB. A later file that needs a program again reads it from the persistent cache."""
+  yield
+  import jax  # pylint: disable=import-outside-toplevel  (after the environment above is set)
+  jax.clear_caches()
+  gc.collect()
 
 
 def pytest_sessionfinish(session, exitstatus):
