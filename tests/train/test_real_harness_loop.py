@@ -101,12 +101,14 @@ def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
 
 
-def test_a_mix_harness_step_behind_real_codex(tmp_path):
-  """The same config behind Codex (the Responses API), which the test above leaves out: one synchronous
-  step trains on its calls. (Alone: its prompt of ~9K tokens fits a 16K row.)"""
-  install_or_skip("codex")
+def test_a_mix_harness_step_behind_real_codex_and_real_claude_code(tmp_path):
+  """The same config with Codex (the Responses API) in OpenClaw's place: one synchronous step trains on
+  both harnesses' calls."""
+  for name in ("claude_code", "codex"):
+    install_or_skip(name)
   tasks, workdir = _task_dir(tmp_path), tmp_path / "run"
-  _train(tasks, workdir, "--config.steps=1", "--config.harnesses=codex", "--config.batch.row_len=16384")
+  _train(tasks, workdir, "--config.steps=1", "--config.harnesses=codex,claude_code")
   (row,) = read_metrics(workdir, "rl")
-  ok_calls = _check_step(row, load(workdir / "calls", errors="collect"), "s1-", ("codex",))
-  assert {c.extra["api"] for c in ok_calls} == {"responses"} and {c.role for c in ok_calls} == {"main"}
+  ok_calls = _check_step(row, load(workdir / "calls", errors="collect"), "s1-", ("codex", "claude_code"))
+  assert {c.extra["api"] for c in ok_calls if c.harness == "codex"} == {"responses"}
+  assert {c.role for c in ok_calls if c.harness == "codex"} == {"main"}
