@@ -33,7 +33,7 @@ import concurrent.futures
 import dataclasses
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -229,6 +229,14 @@ class Engine:
       self._queue.append(req)
       self._cv.notify()
     return req.future
+
+  def submit_batch(self, requests: Sequence[tuple[Any, SamplingParams]]) -> list[concurrent.futures.Future]:
+    """`submit` for each (input_ids, sampling) pair, all queued before the engine thread looks at the queue
+    again (it takes the queue under the same lock): requests that arrive together are admitted in one step,
+    as far as slots allow, however busy the machine is. On an error nothing after the failing request is
+    queued; those before it stay queued."""
+    with self._cv:
+      return [self.submit(ids, sampling) for ids, sampling in requests]
 
   async def generate(self, input_ids, sampling: SamplingParams,
                      on_tokens: TokenSink | None = None) -> Result:

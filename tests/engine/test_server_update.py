@@ -52,12 +52,6 @@ class PacedEngine(Engine):
     self._left = None
     self._go.set()
 
-  def submit_together(self, prompts, sampling) -> list:
-    """Queues every prompt before the engine thread can admit any (it takes the queue under the same
-    lock): admitted in one step, not one at a time around a hold."""
-    with self._cv:
-      return [self.submit(ids, sampling) for ids in prompts]
-
   def submit(self, input_ids, sampling, on_tokens=None):
     def paced(ids, logprobs):
       if on_tokens is not None:
@@ -263,7 +257,7 @@ def test_abort_all_ends_the_queued_and_the_running_requests(model):
   engine = PacedEngine(model, SMALL)
   try:
     engine.hold_after(0)
-    futures = engine.submit_together([prompt(50 + i, 20) for i in range(SMALL.max_slots + 1)], PARAMS)
+    futures = engine.submit_batch([(prompt(50 + i, 20), PARAMS) for i in range(SMALL.max_slots + 1)])
     running(engine, SMALL.max_slots)
     assert engine.stats()["queued"] == 1
     engine.abort_all()

@@ -2,7 +2,8 @@
 (configs/paper/mix_harness_30a3b.py: both harnesses on the same task, each its own GRPO group, the 64K
 window) run by `experiments/train.py`, shrunk on the command line to CPU size: every token sampled by the
 embedded engine (test-tiny: Qwen3's architecture, vocabulary and template at toy width, random weights),
-one synchronous step, then, resumed with `async_rl`, one asynchronous step.
+one synchronous step behind Claude Code and OpenClaw, then, resumed with `async_rl` and Codex (the Responses
+API) in OpenClaw's place, one asynchronous step.
 
 The checker's reward is a hash of the scoring directory (fresh per rollout), so that rewards differ within
 a group and advantages are not zero. Checked: calls logged per harness; each call went through the tree
@@ -80,16 +81,19 @@ def _check_step(row, loaded, label, harnesses):
 
 
 def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
-  for name in ("claude_code", "openclaw"):
+  for name in ("claude_code", "openclaw", "codex"):
     install_or_skip(name)
   tasks, workdir = _task_dir(tmp_path), tmp_path / "run"
   _train(tasks, workdir, "--config.steps=1")
-  _train(tasks, workdir, "--config.steps=2", "--config.async_rl=true", "--config.allow_config_change=true")
+  _train(tasks, workdir, "--config.steps=2", "--config.async_rl=true", "--config.harnesses=codex,claude_code",
+         "--config.allow_config_change=true")
   rows = read_metrics(workdir, "rl")
   assert [r["step"] for r in rows] == [1, 2] and "groups/taken" in rows[1] and "groups/taken" not in rows[0]
   loaded = load(workdir / "calls", errors="collect")
-  for row, label in zip(rows, ("s1-", "s2-")):
-    _check_step(row, loaded, label, ("claude_code", "openclaw"))
+  _check_step(rows[0], loaded, "s1-", ("claude_code", "openclaw"))
+  ok_calls = _check_step(rows[1], loaded, "s2-", ("codex", "claude_code"))
+  assert {c.extra["api"] for c in ok_calls if c.harness == "codex"} == {"responses"}
+  assert {c.role for c in ok_calls if c.harness == "codex"} == {"main"}
 
   # The parameters moved: the checkpoint's policy differs from the initial one.
   cfg = train_config(json.loads((workdir / "config.json").read_text()))
@@ -99,16 +103,3 @@ def test_a_mix_harness_run_behind_real_harnesses_sync_then_async(tmp_path):
   learner.state, _ = Checkpointer(workdir / "checkpoints").restore(learner.state)
   after = jax.device_get(learner.state.params["policy"])
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)))
-
-
-def test_a_mix_harness_step_behind_real_codex_and_real_claude_code(tmp_path):
-  """The same config with Codex (the Responses API) in OpenClaw's place: one synchronous step trains on
-  both harnesses' calls."""
-  for name in ("claude_code", "codex"):
-    install_or_skip(name)
-  tasks, workdir = _task_dir(tmp_path), tmp_path / "run"
-  _train(tasks, workdir, "--config.steps=1", "--config.harnesses=codex,claude_code")
-  (row,) = read_metrics(workdir, "rl")
-  ok_calls = _check_step(row, load(workdir / "calls", errors="collect"), "s1-", ("codex", "claude_code"))
-  assert {c.extra["api"] for c in ok_calls if c.harness == "codex"} == {"responses"}
-  assert {c.role for c in ok_calls if c.harness == "codex"} == {"main"}
