@@ -50,6 +50,7 @@ class SimClock:
     self._seq = itertools.count()
     self._events = 0  # bumped by every sleep and wake-up, to see that nothing moved between two looks
     self._stop = threading.Event()
+    self._failure: BaseException | None = None  # what ended the ticker: every sleeper raises it
     self._ticker = threading.Thread(target=self._tick, name="sim-clock", daemon=True)
     self._ticker.start()
 
@@ -58,7 +59,9 @@ class SimClock:
       wake = (self.now + units, next(self._seq))
       heapq.heappush(self._wakes, wake)
       self._events += 1
-      self._cv.wait_for(lambda: self.now >= wake[0])
+      self._cv.wait_for(lambda: self.now >= wake[0] or self._failure is not None)
+      if self._failure is not None:
+        raise RuntimeError("the simulated clock's ticker failed: the run cannot go on") from self._failure
       self._events += 1
 
   def timer(self, units: float, fn: Callable[[], None]) -> "SimTimer":
@@ -83,6 +86,16 @@ class SimClock:
                                     frames[ident].f_code.co_name) in _BLOCKED for ident in self._simulated())
 
   def _tick(self) -> None:
+    """Moves the clock; if it fails, the sleepers raise its error (a dead ticker would hang the test)."""
+    try:
+      self._advance()
+    except BaseException as e:
+      with self._cv:
+        self._failure = e
+        self._cv.notify_all()
+      raise
+
+  def _advance(self) -> None:
     while not self._stop.wait(0.0002):
       with self._cv:
         seen = self._events
